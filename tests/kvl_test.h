@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int kvl_test_failed;
+static int kvl_test_failed __attribute__((unused));
 
 #define CHECK(cond)                                                              \
   do {                                                                           \

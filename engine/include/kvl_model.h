@@ -1,0 +1,94 @@
+/* kvl_model.h — a model loaded from GGUF and its forward pass over a paged KV cache.
+ *
+ *   char err[256];
+ *   kvl_model_t *m;
+ *   if (kvl_model_open("qwen.gguf", &m, err, sizeof(err)) < 0) die(err);
+ *   const struct kvl_model_hparams *hp = kvl_model_hparams(m);
+ *   struct kvl_kv_layout kl = kvl_model_kv_layout(m, KVL_KV_BF16);
+ *   void *pool = calloc(n_blocks, kvl_kv_block_bytes(&kl));     // the scheduler owns this later
+ *   int32_t table[] = {0, 1, 2};                                  // sequence 0's blocks
+ *   const int32_t *tables[] = {table};
+ *   struct kvl_kv_view kv = {&kl, pool, tables};
+ *   struct kvl_batch b = {.n_tokens = n, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
+ *   float *logits = malloc(n_wanted * hp->n_vocab * sizeof(float));
+ *   kvl_model_forward(m, kvl_backend_cpu(), &b, &kv, logits, NULL);
+ *
+ * A batch mixes sequences freely: prefill chunks (several consecutive positions of one
+ * sequence) and single decode tokens. For every token, positions 0 .. pos-1 of its
+ * sequence must already be in the cache or earlier in the same batch; the forward
+ * writes each token's K (after RoPE) and V at its position, then attends causally.
+ *
+ * Ownership: the model maps its file read-only and owns it until kvl_model_free; the
+ * forward allocates its scratch per call and frees it before returning.
+ */
+#ifndef KVL_MODEL_H
+#define KVL_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvl_gguf.h"
+#include "kvl_kernels.h"
+
+typedef struct kvl_model kvl_model_t;
+
+struct kvl_model_hparams {
+  char arch[32];        /* general.architecture ("qwen2") */
+  char name[128];       /* general.name, or the file name */
+  int n_layer;
+  int n_embd;           /* residual width */
+  int n_ff;             /* MLP hidden width */
+  int n_head;           /* query heads */
+  int n_kv_head;        /* KV heads (grouped-query attention) */
+  int head_dim;
+  int n_vocab;
+  int n_ctx_train;      /* context length the model was trained for */
+  float rope_theta;
+  float rms_eps;
+  bool tied_output;     /* no output.weight: the embedding table is the output head */
+};
+
+/* Open a GGUF file and check it is a model we can run: architecture, every tensor
+ * present with its shape and a dequantisable type. Errors name what is wrong. */
+int kvl_model_open(const char *path, kvl_model_t **out, char *err, size_t errlen);
+/* The same from an opened GGUF; on success the model owns g (freed with the model). */
+int kvl_model_from_gguf(kvl_gguf_t *g, const char *name, kvl_model_t **out, char *err, size_t errlen);
+void kvl_model_free(kvl_model_t *m);
+
+const struct kvl_model_hparams *kvl_model_hparams(const kvl_model_t *m);
+const kvl_gguf_t *kvl_model_gguf(const kvl_model_t *m);
+/* The geometry of this model's KV pool in the given storage type. */
+struct kvl_kv_layout kvl_model_kv_layout(const kvl_model_t *m, enum kvl_kv_dtype dtype);
+/* The model's RoPE (theta, head dim): the same generator the forward uses. */
+const struct kvl_rope *kvl_model_rope(const kvl_model_t *m);
+
+struct kvl_batch {
+  int n_tokens;
+  const int32_t *tokens;  /* [T] token ids */
+  const int32_t *pos;     /* [T] position of each token in its sequence */
+  const int32_t *seq;     /* [T] index into the KV view's block tables */
+  const int8_t *logits;   /* [T] nonzero: produce logits for this token; NULL: for every token */
+};
+
+struct kvl_kv_view {
+  const struct kvl_kv_layout *layout; /* must equal kvl_model_kv_layout(m, dtype) */
+  void *base;                         /* the pool */
+  const int32_t *const *block_tables; /* per sequence: logical block -> physical block */
+};
+
+/* Optional: copies of intermediate values for tests and translator fitting. */
+struct kvl_capture {
+  int n_layers;
+  const int *layers;  /* which layers */
+  float **k_pre;      /* per listed layer: [T][n_kv_head*head_dim] keys before RoPE (or NULL) */
+  float **v;          /* per listed layer: [T][n_kv_head*head_dim] values (or NULL) */
+};
+
+/* Run one batch. logits: [number of tokens with logits wanted][n_vocab], in batch
+ * order. Returns 0, or KVL_EINVAL (with nothing written to the cache) for a token id
+ * out of the vocabulary or a negative position. */
+int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch *b,
+                      const struct kvl_kv_view *kv, float *logits, const struct kvl_capture *cap);
+
+#endif /* KVL_MODEL_H */

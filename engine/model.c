@@ -1,0 +1,188 @@
+/* model.c — loading a model from GGUF: hyper-parameters from the metadata, every tensor
+ * checked for presence, shape and type before anything runs. Architectures: qwen2. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvl_error.h"
+#include "model-impl.h"
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+/* Integer hyper-parameter "<arch>.<key>", required and within [lo, hi]. */
+static int hp_int(const kvl_gguf_t *g, const char *arch, const char *key, int lo, int hi, int *out, char *err,
+                  size_t errlen) {
+  char k[128];
+  snprintf(k, sizeof(k), "%s.%s", arch, key);
+  int64_t v;
+  int rc = kvl_gguf_get_int(g, k, &v);
+  if (rc == KVL_ENOENT) return fail(err, errlen, KVL_EFORMAT, "missing metadata key '%s'", k);
+  if (rc < 0) return fail(err, errlen, KVL_EFORMAT, "metadata key '%s' is not an integer", k);
+  if (v < lo || v > hi) return fail(err, errlen, KVL_EFORMAT, "metadata '%s' = %lld is out of range [%d, %d]", k, (long long)v, lo, hi);
+  *out = (int)v;
+  return 0;
+}
+
+static int hp_float(const kvl_gguf_t *g, const char *arch, const char *key, float def, float *out, char *err,
+                    size_t errlen) {
+  char k[128];
+  snprintf(k, sizeof(k), "%s.%s", arch, key);
+  double v;
+  int rc = kvl_gguf_get_float(g, k, &v);
+  if (rc == KVL_ENOENT) { *out = def; return 0; }
+  if (rc < 0 || !(v > 0)) return fail(err, errlen, KVL_EFORMAT, "metadata key '%s' must be a positive number", k);
+  *out = (float)v;
+  return 0;
+}
+
+/* Look up a tensor and check it: 2-d weight of rows x cols (cols = ne[0]), or a 1-d
+ * fp32 vector when rows == 0. */
+static int get_tensor(const kvl_gguf_t *g, const char *name, int64_t cols, int64_t rows, struct kvl_weight *w,
+                      const float **vec, char *err, size_t errlen) {
+  const struct kvl_gguf_tensor *t = kvl_gguf_find_tensor(g, name);
+  if (!t) return fail(err, errlen, KVL_EFORMAT, "missing tensor '%s'", name);
+  if (rows == 0) {
+    if (t->n_dims != 1 || t->ne[0] != (uint64_t)cols)
+      return fail(err, errlen, KVL_EMISMATCH, "tensor '%s' has shape [%llu%s], expected [%lld]", name,
+                  (unsigned long long)t->ne[0], t->n_dims > 1 ? ", ..." : "", (long long)cols);
+    if (t->type != KVL_TYPE_F32)
+      return fail(err, errlen, KVL_EBADTYPE, "tensor '%s' is %s, expected F32", name, kvl_type_name(t->type));
+    *vec = t->data;
+    return 0;
+  }
+  if (t->n_dims != 2 || t->ne[0] != (uint64_t)cols || t->ne[1] != (uint64_t)rows)
+    return fail(err, errlen, KVL_EMISMATCH, "tensor '%s' has shape [%llu, %llu%s], expected [%lld, %lld]", name,
+                (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], t->n_dims > 2 ? ", ..." : "",
+                (long long)cols, (long long)rows);
+  const struct kvl_type_traits *tt = kvl_type_traits(t->type);
+  if (!tt || !tt->can_dequant)
+    return fail(err, errlen, KVL_EBADTYPE, "tensor '%s' has type %s, which kvlingo cannot compute with yet", name,
+                kvl_type_name(t->type));
+  *w = (struct kvl_weight){t->type, cols, rows, t->data, NULL};
+  return 0;
+}
+
+static int load_qwen2(struct kvl_model *m, char *err, size_t errlen) {
+  const kvl_gguf_t *g = m->gguf;
+  struct kvl_model_hparams *hp = &m->hp;
+  const char *a = "qwen2";
+  int rc;
+  if ((rc = hp_int(g, a, "block_count", 1, 1024, &hp->n_layer, err, errlen)) ||
+      (rc = hp_int(g, a, "embedding_length", 1, 1 << 16, &hp->n_embd, err, errlen)) ||
+      (rc = hp_int(g, a, "feed_forward_length", 1, 1 << 18, &hp->n_ff, err, errlen)) ||
+      (rc = hp_int(g, a, "attention.head_count", 1, 1024, &hp->n_head, err, errlen)) ||
+      (rc = hp_int(g, a, "attention.head_count_kv", 1, 1024, &hp->n_kv_head, err, errlen)) ||
+      (rc = hp_int(g, a, "context_length", 1, 1 << 24, &hp->n_ctx_train, err, errlen)) ||
+      (rc = hp_float(g, a, "rope.freq_base", 10000.0f, &hp->rope_theta, err, errlen)) ||
+      (rc = hp_float(g, a, "attention.layer_norm_rms_epsilon", 1e-6f, &hp->rms_eps, err, errlen)))
+    return rc;
+  if (hp->n_embd % hp->n_head)
+    return fail(err, errlen, KVL_EFORMAT, "embedding width %d is not a multiple of the %d heads", hp->n_embd, hp->n_head);
+  if (hp->n_head % hp->n_kv_head)
+    return fail(err, errlen, KVL_EFORMAT, "%d query heads cannot be grouped over %d KV heads", hp->n_head, hp->n_kv_head);
+  hp->head_dim = hp->n_embd / hp->n_head;
+  if ((rc = kvl_rope_init(&m->rope, hp->head_dim, hp->rope_theta)) < 0)
+    return fail(err, errlen, KVL_EFORMAT, "unsupported head dimension %d for RoPE", hp->head_dim);
+  const struct kvl_gguf_tensor *emb = kvl_gguf_find_tensor(g, "token_embd.weight");
+  if (!emb) return fail(err, errlen, KVL_EFORMAT, "missing tensor 'token_embd.weight'");
+  if (emb->n_dims != 2 || emb->ne[1] < 1 || emb->ne[1] > (1u << 24))
+    return fail(err, errlen, KVL_EMISMATCH, "tensor 'token_embd.weight' is not a [n_embd, n_vocab] matrix");
+  hp->n_vocab = (int)emb->ne[1];
+  const int E = hp->n_embd, KV = hp->n_kv_head * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
+  const float *dummy;
+  if ((rc = get_tensor(g, "token_embd.weight", E, V, &m->tok_embd, &dummy, err, errlen)) ||
+      (rc = get_tensor(g, "output_norm.weight", E, 0, NULL, &m->output_norm, err, errlen)))
+    return rc;
+  hp->tied_output = kvl_gguf_find_tensor(g, "output.weight") == NULL;
+  if (hp->tied_output) m->output = m->tok_embd;
+  else if ((rc = get_tensor(g, "output.weight", E, V, &m->output, &dummy, err, errlen))) return rc;
+
+  m->layers = calloc((size_t)hp->n_layer, sizeof(*m->layers));
+  if (!m->layers) return fail(err, errlen, KVL_ENOMEM, "out of memory");
+  for (int i = 0; i < hp->n_layer; i++) {
+    struct kvl_layer *L = &m->layers[i];
+    char n[20][64];
+    const char *suffix[] = {"attn_norm.weight", "attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias",
+                            "attn_v.weight", "attn_v.bias", "attn_output.weight", "ffn_norm.weight",
+                            "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+    for (int j = 0; j < 12; j++) snprintf(n[j], sizeof(n[j]), "blk.%d.%s", i, suffix[j]);
+    if ((rc = get_tensor(g, n[0], E, 0, NULL, &L->attn_norm, err, errlen)) ||
+        (rc = get_tensor(g, n[1], E, E, &L->wq, NULL, err, errlen)) ||
+        (rc = get_tensor(g, n[2], E, 0, NULL, &L->wq.bias, err, errlen)) ||
+        (rc = get_tensor(g, n[3], E, KV, &L->wk, NULL, err, errlen)) ||
+        (rc = get_tensor(g, n[4], KV, 0, NULL, &L->wk.bias, err, errlen)) ||
+        (rc = get_tensor(g, n[5], E, KV, &L->wv, NULL, err, errlen)) ||
+        (rc = get_tensor(g, n[6], KV, 0, NULL, &L->wv.bias, err, errlen)) ||
+        (rc = get_tensor(g, n[7], E, E, &L->wo, NULL, err, errlen)) ||
+        (rc = get_tensor(g, n[8], E, 0, NULL, &L->ffn_norm, err, errlen)) ||
+        (rc = get_tensor(g, n[9], E, F, &L->w_gate, NULL, err, errlen)) ||
+        (rc = get_tensor(g, n[10], E, F, &L->w_up, NULL, err, errlen)) ||
+        (rc = get_tensor(g, n[11], F, E, &L->w_down, NULL, err, errlen)))
+      return rc;
+  }
+  return 0;
+}
+
+int kvl_model_from_gguf(kvl_gguf_t *g, const char *name, kvl_model_t **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (err && errlen) err[0] = '\0';
+  const char *arch;
+  if (kvl_gguf_get_str(g, "general.architecture", &arch) < 0)
+    return fail(err, errlen, KVL_EFORMAT, "missing metadata key 'general.architecture'");
+  struct kvl_model *m = calloc(1, sizeof(*m));
+  if (!m) return KVL_ENOMEM;
+  m->gguf = g;
+  snprintf(m->hp.arch, sizeof(m->hp.arch), "%s", arch);
+  const char *gname;
+  snprintf(m->hp.name, sizeof(m->hp.name), "%s", kvl_gguf_get_str(g, "general.name", &gname) == 0 ? gname : name ? name : "");
+  int rc;
+  if (!strcmp(arch, "qwen2")) {
+    rc = load_qwen2(m, err, errlen);
+  } else {
+    rc = fail(err, errlen, KVL_ENOTSUP, "unsupported architecture '%s' (supported: qwen2)", arch);
+  }
+  if (rc < 0) {
+    m->gguf = NULL; /* the caller keeps g on failure */
+    kvl_model_free(m);
+    return rc;
+  }
+  *out = m;
+  return 0;
+}
+
+int kvl_model_open(const char *path, kvl_model_t **out, char *err, size_t errlen) {
+  kvl_gguf_t *g;
+  char e[256];
+  int rc = kvl_gguf_open(path, &g, e, sizeof(e));
+  if (rc < 0) return fail(err, errlen, rc, "%s", e);
+  rc = kvl_model_from_gguf(g, path, out, e, sizeof(e));
+  if (rc < 0) {
+    kvl_gguf_free(g);
+    return fail(err, errlen, rc, "%s: %s", path, e);
+  }
+  return 0;
+}
+
+void kvl_model_free(kvl_model_t *m) {
+  if (!m) return;
+  free(m->layers);
+  kvl_gguf_free(m->gguf);
+  free(m);
+}
+
+const struct kvl_model_hparams *kvl_model_hparams(const kvl_model_t *m) { return &m->hp; }
+const kvl_gguf_t *kvl_model_gguf(const kvl_model_t *m) { return m->gguf; }
+const struct kvl_rope *kvl_model_rope(const kvl_model_t *m) { return &m->rope; }
+
+struct kvl_kv_layout kvl_model_kv_layout(const kvl_model_t *m, enum kvl_kv_dtype dtype) {
+  return (struct kvl_kv_layout){m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim, dtype};
+}

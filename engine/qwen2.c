@@ -1,0 +1,85 @@
+/* qwen2.c — the Qwen2 forward pass over a paged KV cache.
+ *
+ *   h = embed(tokens)                                     (T, E)
+ *   per layer:  x = rmsnorm(h) ; q,k,v = x·Wᵀ + b          (T, H·D) (T, KV) (T, KV)
+ *               rope(q), rope(k) at pos ; store k,v at (seq, pos)
+ *               h += attention(q, cache) · Woᵀ
+ *               x = rmsnorm(h) ; h += (silu(x·Wgᵀ) ⊙ x·Wuᵀ) · Wdᵀ
+ *   logits = rmsnorm(h[wanted]) · Woutᵀ                    (n_out, V)
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvl_error.h"
+#include "model-impl.h"
+
+static void add_inplace(float *h, const float *d, size_t n) {
+  for (size_t i = 0; i < n; i++) h[i] += d[i];
+}
+
+int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch *b,
+                      const struct kvl_kv_view *kv, float *logits, const struct kvl_capture *cap) {
+  const struct kvl_model_hparams *hp = &m->hp;
+  const int T = b->n_tokens, E = hp->n_embd, D = hp->head_dim, H = hp->n_head;
+  const int KV = hp->n_kv_head * D, F = hp->n_ff;
+  KVL_ASSERT(kv->layout->n_layer == hp->n_layer && kv->layout->n_kv_head == hp->n_kv_head &&
+             kv->layout->head_dim == D);
+  if (T <= 0) return 0;
+  for (int t = 0; t < T; t++)
+    if (b->tokens[t] < 0 || b->tokens[t] >= hp->n_vocab || b->pos[t] < 0 || b->seq[t] < 0) return KVL_EINVAL;
+
+  /* scratch: one allocation sliced by a size table (STYLE.md §8) */
+  size_t sizes[] = {(size_t)T * E, (size_t)T * E, (size_t)T * E, (size_t)T * KV, (size_t)T * KV,
+                    (size_t)T * E, (size_t)T * F, (size_t)T * F};
+  size_t total = 0;
+  for (size_t i = 0; i < 8; i++) total += sizes[i];
+  float *mem = malloc(total * sizeof(float));
+  if (!mem) return KVL_ENOMEM;
+  float *p = mem, *slot[8];
+  for (size_t i = 0; i < 8; i++) { slot[i] = p; p += sizes[i]; }
+  float *h = slot[0], *x = slot[1], *q = slot[2], *k = slot[3], *v = slot[4], *att = slot[5];
+  float *gate = slot[6], *up = slot[7];
+
+  kvl_embed(be, &m->tok_embd, b->tokens, h, T);
+  for (int il = 0; il < hp->n_layer; il++) {
+    const struct kvl_layer *L = &m->layers[il];
+    kvl_rmsnorm(be, h, L->attn_norm, x, T, E, hp->rms_eps);
+    kvl_matmul(be, &L->wq, x, q, T);
+    kvl_matmul(be, &L->wk, x, k, T);
+    kvl_matmul(be, &L->wv, x, v, T);
+    if (cap)
+      for (int c = 0; c < cap->n_layers; c++)
+        if (cap->layers[c] == il) {
+          if (cap->k_pre && cap->k_pre[c]) memcpy(cap->k_pre[c], k, (size_t)T * KV * sizeof(float));
+          if (cap->v && cap->v[c]) memcpy(cap->v[c], v, (size_t)T * KV * sizeof(float));
+        }
+    kvl_rope(be, &m->rope, q, b->pos, T, H, false);
+    kvl_rope(be, &m->rope, k, b->pos, T, hp->n_kv_head, false);
+    kvl_kv_store(kv->layout, kv->base, il, T, k, v, b->pos, b->seq, kv->block_tables);
+    struct kvl_attn_args a = {T, q, att, b->pos, b->seq, kv->block_tables, H, il, kv->layout, kv->base,
+                              1.0f / sqrtf((float)D)};
+    kvl_attention(be, &a);
+    kvl_matmul(be, &L->wo, att, x, T);
+    add_inplace(h, x, (size_t)T * E);
+    kvl_rmsnorm(be, h, L->ffn_norm, x, T, E, hp->rms_eps);
+    kvl_matmul(be, &L->w_gate, x, gate, T);
+    kvl_matmul(be, &L->w_up, x, up, T);
+    kvl_swiglu(be, gate, up, gate, (int64_t)T * F);
+    kvl_matmul(be, &L->w_down, gate, x, T);
+    add_inplace(h, x, (size_t)T * E);
+  }
+  /* gather the rows that want logits, normalise, project */
+  int n_out = 0;
+  for (int t = 0; t < T; t++)
+    if (!b->logits || b->logits[t]) {
+      if (n_out != t) memcpy(h + (size_t)n_out * E, h + (size_t)t * E, (size_t)E * sizeof(float));
+      n_out++;
+    }
+  if (n_out > 0 && logits) {
+    kvl_rmsnorm(be, h, m->output_norm, x, n_out, E, hp->rms_eps);
+    kvl_matmul(be, &m->output, x, logits, n_out);
+  }
+  free(mem);
+  return 0;
+}

@@ -1,0 +1,39 @@
+/* backend-impl.h — private to kernels/: the function table every backend fills, and the
+ * SIMD primitive table the CPU backend dispatches on at run time. */
+#ifndef KVL_BACKEND_IMPL_H
+#define KVL_BACKEND_IMPL_H
+
+#include "kvl_kernels.h"
+
+struct kvl_backend_ops {
+  bool (*supports)(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype);
+  void (*matmul)(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens);
+  void (*rmsnorm)(kvl_backend_t *be, const float *x, const float *w, float *y, int n_tokens, int n, float eps);
+  void (*rope)(kvl_backend_t *be, const struct kvl_rope *r, float *x, const int32_t *pos, int n_tokens,
+               int n_heads, bool inverse);
+  void (*swiglu)(kvl_backend_t *be, const float *g, const float *u, float *y, int64_t n);
+  void (*embed)(kvl_backend_t *be, const struct kvl_weight *t, const int32_t *ids, float *y, int n_tokens);
+  void (*attention)(kvl_backend_t *be, const struct kvl_attn_args *a);
+};
+
+/* Vector primitives of one SIMD level (cpu/simd_*.c). All lengths in elements. */
+struct kvl__simd {
+  const char *name;
+  float (*dot)(const float *a, const float *b, int64_t n);
+  /* y[t*ldy + r] (+)= sum_k w[r*K + k] * x[t*ldx + k], r < nr, t < nt */
+  void (*gemm_tile)(const float *w, int nr, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, int64_t K);
+  void (*axpy)(float a, const float *x, float *y, int64_t n); /* y += a x */
+  void (*scale)(float a, float *y, int64_t n);                /* y *= a */
+};
+
+extern const struct kvl__simd kvl__simd_scalar;
+extern const struct kvl__simd kvl__simd_avx2;
+extern const struct kvl__simd kvl__simd_avx512;
+
+struct kvl_backend {
+  const char *name;                  /* "cpu-avx512", ... */
+  const struct kvl_backend_ops *ops;
+  const struct kvl__simd *simd;      /* CPU backend: the dispatched level */
+};
+
+#endif

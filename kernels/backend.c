@@ -1,0 +1,36 @@
+/* backend.c — the public op entry points: argument checks, then the backend's table. */
+#include "backend-impl.h"
+#include "kvl_error.h"
+
+const char *kvl_backend_name(const kvl_backend_t *be) { return be->name; }
+
+bool kvl_backend_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype) {
+  return be->ops->supports(be, op, wtype);
+}
+
+void kvl_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
+  KVL_ASSERT(w->cols > 0 && w->rows > 0 && n_tokens >= 0);
+  be->ops->matmul(be, w, x, y, n_tokens);
+}
+
+void kvl_rmsnorm(kvl_backend_t *be, const float *x, const float *w, float *y, int n_tokens, int n, float eps) {
+  be->ops->rmsnorm(be, x, w, y, n_tokens, n, eps);
+}
+
+void kvl_rope(kvl_backend_t *be, const struct kvl_rope *r, float *x, const int32_t *pos, int n_tokens,
+              int n_heads, bool inverse) {
+  be->ops->rope(be, r, x, pos, n_tokens, n_heads, inverse);
+}
+
+void kvl_swiglu(kvl_backend_t *be, const float *g, const float *u, float *y, int64_t n) {
+  be->ops->swiglu(be, g, u, y, n);
+}
+
+void kvl_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_t *ids, float *y, int n_tokens) {
+  be->ops->embed(be, t, ids, y, n_tokens);
+}
+
+void kvl_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
+  KVL_ASSERT(a->n_head > 0 && a->kv && a->n_head % a->kv->n_kv_head == 0);
+  be->ops->attention(be, a);
+}

@@ -1,0 +1,254 @@
+/* cpu.c — the CPU backend: OpenMP across rows/tokens/heads, SIMD primitives chosen at
+ * run time (AVX-512F, AVX2+FMA, or portable C), forceable with KVL_CPU=level.
+ *
+ * Matmul dequantises a tile of KVL__ROWS weight rows to fp32 once per call and reuses it
+ * for every token, so prefill pays the dequantisation once per weight; decode (one
+ * token) is bound by it. Faster quantised paths come with the cpu-perf work. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend-impl.h"
+#include "kvl_error.h"
+
+#define KVL__ROWS 16 /* weight rows dequantised per tile */
+
+static inline const struct kvl__simd *S(const kvl_backend_t *be) { return be->simd; }
+
+static bool cpu_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype) {
+  (void)be;
+  if (op == KVL_OP_MATMUL || op == KVL_OP_EMBED) {
+    const struct kvl_type_traits *t = kvl_type_traits(wtype);
+    return t && t->can_dequant;
+  }
+  return op < KVL_OP_COUNT_;
+}
+
+static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
+  const struct kvl__simd *s = S(be);
+  const int64_t K = w->cols, N = w->rows;
+  const size_t rb = kvl_row_size(w->type, (uint64_t)K);
+  const int64_t n_tiles = (N + KVL__ROWS - 1) / KVL__ROWS;
+  const bool dense = w->type == KVL_TYPE_F32;
+#pragma omp parallel
+  {
+    float *wf = dense ? NULL : malloc((size_t)KVL__ROWS * (size_t)K * sizeof(float));
+    float *yt = malloc((size_t)KVL__ROWS * 4 * sizeof(float));
+    KVL_ASSERT((dense || wf) && yt);
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t tile = 0; tile < n_tiles; tile++) {
+      int64_t r0 = tile * KVL__ROWS;
+      int nr = (int)(N - r0 < KVL__ROWS ? N - r0 : KVL__ROWS);
+      const float *wt;
+      if (dense) {
+        wt = (const float *)w->data + r0 * K;
+      } else {
+        for (int r = 0; r < nr; r++)
+          kvl_dequant_row_ref(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb, wf + (size_t)r * K, K);
+        wt = wf;
+      }
+      /* y[t][r0..r0+nr) for all tokens, 4 tokens at a time through a small buffer */
+      for (int t = 0; t < n_tokens; t += 4) {
+        int nt = n_tokens - t < 4 ? n_tokens - t : 4;
+        s->gemm_tile(wt, nr, x + (int64_t)t * K, K, nt, yt, KVL__ROWS, K);
+        for (int i = 0; i < nt; i++) {
+          float *yr = y + (int64_t)(t + i) * N + r0;
+          for (int r = 0; r < nr; r++) yr[r] = yt[i * KVL__ROWS + r] + (w->bias ? w->bias[r0 + r] : 0.0f);
+        }
+      }
+    }
+    free(wf);
+    free(yt);
+  }
+}
+
+static void cpu_rmsnorm(kvl_backend_t *be, const float *x, const float *w, float *y, int n_tokens, int n, float eps) {
+  const struct kvl__simd *s = S(be);
+#pragma omp parallel for schedule(static) if (n_tokens > 4)
+  for (int t = 0; t < n_tokens; t++) {
+    const float *xt = x + (size_t)t * n;
+    float *yt = y + (size_t)t * n;
+    float inv = 1.0f / sqrtf(s->dot(xt, xt, n) / (float)n + eps);
+    for (int i = 0; i < n; i++) yt[i] = xt[i] * inv * w[i];
+  }
+}
+
+static void cpu_rope(kvl_backend_t *be, const struct kvl_rope *r, float *x, const int32_t *pos, int n_tokens,
+                     int n_heads, bool inverse) {
+  (void)be;
+  const int d = r->head_dim, h2 = d / 2;
+#pragma omp parallel for schedule(static) if (n_tokens > 4)
+  for (int t = 0; t < n_tokens; t++) {
+    float c[256], sn[256];
+    kvl_rope_table(r, pos[t], c, sn);
+    if (inverse)
+      for (int i = 0; i < h2; i++) sn[i] = -sn[i];
+    for (int h = 0; h < n_heads; h++) {
+      float *v = x + ((size_t)t * n_heads + h) * d;
+      for (int i = 0; i < h2; i++) {
+        float a = v[i], b = v[i + h2];
+        v[i] = a * c[i] - b * sn[i];
+        v[i + h2] = a * sn[i] + b * c[i];
+      }
+    }
+  }
+}
+
+static void cpu_swiglu(kvl_backend_t *be, const float *g, const float *u, float *y, int64_t n) {
+  (void)be;
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void cpu_embed(kvl_backend_t *be, const struct kvl_weight *table, const int32_t *ids, float *y, int n_tokens) {
+  (void)be;
+  kvl_embed_ref(table, ids, y, n_tokens);
+}
+
+/* Flash-style: for each (token, query head) an online softmax streamed over the cache
+ * block by block; nothing of size positions x positions is materialised. */
+static void cpu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
+  const struct kvl__simd *s = S(be);
+  const struct kvl_kv_layout *l = a->kv;
+  const int d = l->head_dim, kvw = l->n_kv_head * d, group = a->n_head / l->n_kv_head;
+  const int n_items = a->n_tokens * l->n_kv_head;
+#pragma omp parallel
+  {
+    float *kb = malloc((size_t)KVL_KV_BLOCK * d * sizeof(float));
+    float *vb = malloc((size_t)KVL_KV_BLOCK * d * sizeof(float));
+    float *acc = malloc((size_t)group * d * sizeof(float));
+    float *m = malloc((size_t)group * sizeof(float)), *lsum = malloc((size_t)group * sizeof(float));
+    KVL_ASSERT(kb && vb && acc && m && lsum);
+#pragma omp for schedule(dynamic, 1)
+    for (int item = 0; item < n_items; item++) {
+      int t = item / l->n_kv_head, kh = item % l->n_kv_head;
+      const int32_t *bt = a->block_tables[a->seq[t]];
+      int n = a->pos[t] + 1;
+      for (int g = 0; g < group; g++) { m[g] = -INFINITY; lsum[g] = 0; }
+      memset(acc, 0, (size_t)group * d * sizeof(float));
+      for (int j0 = 0; j0 < n; j0 += KVL_KV_BLOCK) {
+        int nj = n - j0 < KVL_KV_BLOCK ? n - j0 : KVL_KV_BLOCK;
+        const void *ks = kvl_kv_k_ptr(l, (void *)a->kv_base, bt[j0 / KVL_KV_BLOCK], a->layer);
+        const void *vs = kvl_kv_v_ptr(l, (void *)a->kv_base, bt[j0 / KVL_KV_BLOCK], a->layer);
+        /* this KV head's rows of the block, as fp32 */
+        for (int j = 0; j < nj; j++) {
+          size_t off = (size_t)j * kvw + (size_t)kh * d;
+          if (l->dtype == KVL_KV_F32) {
+            memcpy(kb + j * d, (const float *)ks + off, (size_t)d * 4);
+            memcpy(vb + j * d, (const float *)vs + off, (size_t)d * 4);
+          } else {
+            const uint16_t *k16 = (const uint16_t *)ks + off, *v16 = (const uint16_t *)vs + off;
+            for (int i = 0; i < d; i++) {
+              kb[j * d + i] = kvl_bf16_to_fp32(k16[i]);
+              vb[j * d + i] = kvl_bf16_to_fp32(v16[i]);
+            }
+          }
+        }
+        for (int g = 0; g < group; g++) {
+          const float *q = a->q + ((size_t)t * a->n_head + kh * group + g) * d;
+          float sc[KVL_KV_BLOCK], bm = -INFINITY;
+          for (int j = 0; j < nj; j++) {
+            sc[j] = s->dot(q, kb + j * d, d) * a->scale;
+            bm = sc[j] > bm ? sc[j] : bm;
+          }
+          float nm = bm > m[g] ? bm : m[g];
+          float corr = expf(m[g] - nm); /* exp(-inf) = 0 on the first block */
+          float *ag = acc + (size_t)g * d;
+          if (corr != 1.0f) s->scale(corr, ag, d);
+          lsum[g] *= corr;
+          for (int j = 0; j < nj; j++) {
+            float p = expf(sc[j] - nm);
+            lsum[g] += p;
+            s->axpy(p, vb + j * d, ag, d);
+          }
+          m[g] = nm;
+        }
+      }
+      for (int g = 0; g < group; g++) {
+        float *o = a->out + ((size_t)t * a->n_head + kh * group + g) * d;
+        float inv = 1.0f / lsum[g];
+        for (int i = 0; i < d; i++) o[i] = acc[(size_t)g * d + i] * inv;
+      }
+    }
+    free(kb);
+    free(vb);
+    free(acc);
+    free(m);
+    free(lsum);
+  }
+}
+
+static const struct kvl_backend_ops cpu_ops = {
+  .supports = cpu_supports,
+  .matmul = cpu_matmul,
+  .rmsnorm = cpu_rmsnorm,
+  .rope = cpu_rope,
+  .swiglu = cpu_swiglu,
+  .embed = cpu_embed,
+  .attention = cpu_attention,
+};
+
+static kvl_backend_t be_scalar = {"cpu-scalar", &cpu_ops, &kvl__simd_scalar};
+static kvl_backend_t be_avx2 = {"cpu-avx2", &cpu_ops, &kvl__simd_avx2};
+static kvl_backend_t be_avx512 = {"cpu-avx512", &cpu_ops, &kvl__simd_avx512};
+
+kvl_backend_t *kvl_backend_cpu_level(const char *level) {
+  __builtin_cpu_init();
+  if (!strcmp(level, "scalar")) return &be_scalar;
+  if (!strcmp(level, "avx2"))
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &be_avx2 : NULL;
+  if (!strcmp(level, "avx512")) return __builtin_cpu_supports("avx512f") ? &be_avx512 : NULL;
+  return NULL;
+}
+
+kvl_backend_t *kvl_backend_cpu(void) {
+  static kvl_backend_t *chosen;
+  if (chosen) return chosen;
+  const char *force = getenv("KVL_CPU");
+  kvl_backend_t *be = NULL;
+  if (force && *force) {
+    be = kvl_backend_cpu_level(force);
+    if (!be) fprintf(stderr, "kvlingo: KVL_CPU=%s is not available on this processor; choosing automatically\n", force);
+  }
+  if (!be) be = kvl_backend_cpu_level("avx512");
+  if (!be) be = kvl_backend_cpu_level("avx2");
+  if (!be) be = &be_scalar;
+  chosen = be;
+  return be;
+}
+
+/* ---- the reference backend: the scalar _ref functions behind the same table, so a
+ * whole forward pass can run on the slow truth (tests) ---------------------------- */
+
+static bool ref_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype) { return cpu_supports(be, op, wtype); }
+static void ref_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n) {
+  (void)be;
+  kvl_matmul_ref(w, x, y, n);
+}
+static void ref_rmsnorm(kvl_backend_t *be, const float *x, const float *w, float *y, int T, int n, float eps) {
+  (void)be;
+  kvl_rmsnorm_ref(x, w, y, T, n, eps);
+}
+static void ref_rope(kvl_backend_t *be, const struct kvl_rope *r, float *x, const int32_t *pos, int T, int nh, bool inv) {
+  (void)be;
+  kvl_rope_ref(r, x, pos, T, nh, inv);
+}
+static void ref_swiglu(kvl_backend_t *be, const float *g, const float *u, float *y, int64_t n) {
+  (void)be;
+  kvl_swiglu_ref(g, u, y, n);
+}
+static void ref_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_t *ids, float *y, int n) {
+  (void)be;
+  kvl_embed_ref(t, ids, y, n);
+}
+static void ref_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
+  (void)be;
+  kvl_attention_ref(a);
+}
+
+static const struct kvl_backend_ops ref_ops = {ref_supports, ref_matmul, ref_rmsnorm, ref_rope,
+                                               ref_swiglu, ref_embed, ref_attention};
+static kvl_backend_t be_ref = {"ref", &ref_ops, &kvl__simd_scalar};
+
+kvl_backend_t *kvl_backend_ref(void) { return &be_ref; }

@@ -1,0 +1,81 @@
+/* simd_avx512.c — AVX-512F level (compiled with -mavx512f -mfma; called only after the
+ * processor reported AVX-512F). Tails use masked loads, so any length works. */
+#include <immintrin.h>
+
+#include "../backend-impl.h"
+
+static inline __mmask16 tail_mask(int64_t left) { return (__mmask16)((1u << left) - 1u); }
+
+static float dot(const float *a, const float *b, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+  if (i < n) {
+    __mmask16 m = tail_mask(n - i);
+    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+/* 4 weight rows x 4 tokens: 16 accumulators; per 16 columns 8 loads feed 16 FMAs. */
+static void kernel_4x4(const float *w, int64_t K, const float *x, int64_t ldx, float *y, int64_t ldy) {
+  __m512 acc[4][4];
+  for (int t = 0; t < 4; t++)
+    for (int r = 0; r < 4; r++) acc[t][r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 xv[4], wv[4];
+    for (int t = 0; t < 4; t++) xv[t] = _mm512_loadu_ps(x + t * ldx + k);
+    for (int r = 0; r < 4; r++) wv[r] = _mm512_loadu_ps(w + r * K + k);
+    for (int t = 0; t < 4; t++)
+      for (int r = 0; r < 4; r++) acc[t][r] = _mm512_fmadd_ps(wv[r], xv[t], acc[t][r]);
+  }
+  if (k < K) {
+    __mmask16 m = tail_mask(K - k);
+    __m512 xv[4], wv[4];
+    for (int t = 0; t < 4; t++) xv[t] = _mm512_maskz_loadu_ps(m, x + t * ldx + k);
+    for (int r = 0; r < 4; r++) wv[r] = _mm512_maskz_loadu_ps(m, w + r * K + k);
+    for (int t = 0; t < 4; t++)
+      for (int r = 0; r < 4; r++) acc[t][r] = _mm512_fmadd_ps(wv[r], xv[t], acc[t][r]);
+  }
+  for (int t = 0; t < 4; t++)
+    for (int r = 0; r < 4; r++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[t][r]);
+}
+
+static void gemm_tile(const float *w, int nr, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, int64_t K) {
+  int r = 0;
+  for (; r + 4 <= nr; r += 4) {
+    int t = 0;
+    for (; t + 4 <= nt; t += 4) kernel_4x4(w + (int64_t)r * K, K, x + t * ldx, ldx, y + t * ldy + r, ldy);
+    for (; t < nt; t++)
+      for (int i = 0; i < 4; i++) y[t * ldy + r + i] = dot(w + (int64_t)(r + i) * K, x + t * ldx, K);
+  }
+  for (; r < nr; r++)
+    for (int t = 0; t < nt; t++) y[t * ldy + r] = dot(w + (int64_t)r * K, x + t * ldx, K);
+}
+
+static void axpy(float a, const float *x, float *y, int64_t n) {
+  __m512 va = _mm512_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  if (i < n) {
+    __mmask16 m = tail_mask(n - i);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
+static void scale(float a, float *y, int64_t n) {
+  __m512 va = _mm512_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_mul_ps(va, _mm512_loadu_ps(y + i)));
+  if (i < n) {
+    __mmask16 m = tail_mask(n - i);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(va, _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
+const struct kvl__simd kvl__simd_avx512 = {"avx512", dot, gemm_tile, axpy, scale};

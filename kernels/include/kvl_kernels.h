@@ -1,0 +1,142 @@
+/* kvl_kernels.h — the compute operations of a forward pass, behind one backend
+ * interface (ggml-backend is the model), and their scalar references.
+ *
+ *   kvl_backend_t *be = kvl_backend_cpu();           // runtime-dispatched SIMD
+ *   struct kvl_weight w = {KVL_TYPE_Q4_K, 1536, 256, data, NULL};
+ *   kvl_matmul(be, &w, x, y, n_tokens);              // y[T][256] = x[T][1536] · Wᵀ (+ bias)
+ *   kvl_matmul_ref(&w, x, y_ref, n_tokens);          // the slow truth, for tests
+ *
+ * Conventions. Activations are fp32, row-major, one row per token: x[T][n]. A weight
+ * is GGUF's: `rows` rows of `cols` elements (ne[0] = cols), y = x · Wᵀ. The KV cache
+ * is paged: a block holds KVL_KV_BLOCK tokens of every layer (block-major, so a block is
+ * the unit of copying between tiers), keys stored after RoPE. A block table maps a
+ * sequence's logical block i (positions 16i .. 16i+15) to a physical block of the pool.
+ *
+ * Ownership: every function writes only its output arguments; none allocates memory
+ * the caller must free, except kvl_backend_* handles (static, never freed).
+ */
+#ifndef KVL_KERNELS_H
+#define KVL_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvl_quant.h"
+
+#define KVL_KV_BLOCK 16 /* tokens per KV block */
+
+/* A weight matrix, used in place (usually from the GGUF mapping). */
+struct kvl_weight {
+  uint32_t type;       /* enum kvl_type */
+  int64_t cols;        /* elements per row (GGUF ne[0]); the input width */
+  int64_t rows;        /* number of rows (ne[1]); the output width */
+  const void *data;    /* rows * kvl_row_size(type, cols) bytes */
+  const float *bias;   /* optional, `rows` values added to every output row */
+};
+
+/* Storage type of the KV pool. */
+enum kvl_kv_dtype { KVL_KV_F32 = 0, KVL_KV_BF16 = 1 };
+
+/* Geometry of one model's KV pool. */
+struct kvl_kv_layout {
+  int n_layer;          /* layers, each with K and V */
+  int n_kv_head;        /* KV heads */
+  int head_dim;         /* elements per head */
+  enum kvl_kv_dtype dtype;
+};
+
+/* Bytes of one block (all layers, K and V, KVL_KV_BLOCK tokens). */
+size_t kvl_kv_block_bytes(const struct kvl_kv_layout *l);
+
+/* RoPE, neox layout (pairs i and i + d/2), as Qwen2 uses it. inv_freq[i] =
+ * theta^(-2i/d) for i < d/2, computed once; angles are pos * inv_freq[i]. */
+struct kvl_rope {
+  int head_dim;
+  float theta;
+  float inv_freq[256]; /* head_dim / 2 used; head_dim <= 512 */
+};
+int kvl_rope_init(struct kvl_rope *r, int head_dim, float theta);
+/* cos/sin of position `pos` for every pair: the one table generator used by the
+ * forward rotation, its inverse, and the oracles. */
+void kvl_rope_table(const struct kvl_rope *r, int32_t pos, float *cos_out, float *sin_out);
+
+/* One attention call: for every token t of the batch, its query heads attend over the
+ * positions 0 .. pos[t] of its sequence in the cache (causal), reading through the
+ * sequence's block table. The tokens' own K/V must already be stored. */
+struct kvl_attn_args {
+  int n_tokens;
+  const float *q;              /* [T][n_head * head_dim], already rotated */
+  float *out;                  /* [T][n_head * head_dim] */
+  const int32_t *pos;          /* [T] position of each token */
+  const int32_t *seq;          /* [T] sequence index of each token */
+  const int32_t *const *block_tables; /* [n_seqs] -> physical block ids */
+  int n_head;                  /* query heads (a multiple of n_kv_head: grouped KV) */
+  int layer;
+  const struct kvl_kv_layout *kv;
+  const void *kv_base;         /* the pool: block b at kv_base + b * kvl_kv_block_bytes */
+  float scale;                 /* usually 1/sqrt(head_dim) */
+};
+
+/* Where one (block, layer) keeps its keys and values. */
+void *kvl_kv_k_ptr(const struct kvl_kv_layout *l, void *base, int32_t block, int layer);
+void *kvl_kv_v_ptr(const struct kvl_kv_layout *l, void *base, int32_t block, int layer);
+
+/* Store K and V rows ([T][n_kv_head*head_dim], fp32) of one layer at (seq, pos). */
+void kvl_kv_store(const struct kvl_kv_layout *l, void *base, int layer, int n_tokens,
+                  const float *k, const float *v, const int32_t *pos, const int32_t *seq,
+                  const int32_t *const *block_tables);
+/* Read back the K and V rows of one position (fp32), e.g. to un-rotate keys. */
+void kvl_kv_load(const struct kvl_kv_layout *l, const void *base, int layer, int32_t pos,
+                 const int32_t *block_table, float *k, float *v);
+
+/* ---- backends ---------------------------------------------------------------------- */
+
+typedef struct kvl_backend kvl_backend_t;
+
+enum kvl_op {
+  KVL_OP_MATMUL,
+  KVL_OP_RMSNORM,
+  KVL_OP_ROPE,
+  KVL_OP_SWIGLU,
+  KVL_OP_EMBED,
+  KVL_OP_ATTENTION,
+  KVL_OP_COUNT_
+};
+
+/* The CPU backend with the best SIMD path this processor has (AVX-512, AVX2 or plain
+ * C), or the one forced by KVL_CPU=scalar|avx2|avx512 (an unsupported choice falls back
+ * with a warning). Static: never freed. */
+kvl_backend_t *kvl_backend_cpu(void);
+/* A CPU backend with an explicit SIMD level ("scalar", "avx2", "avx512"), or NULL if
+ * this processor cannot run it. For tests and benchmarks. */
+kvl_backend_t *kvl_backend_cpu_level(const char *level);
+/* The scalar references (kernels/ref/) behind the backend interface: a whole forward
+ * pass on the slow truth, for tests. */
+kvl_backend_t *kvl_backend_ref(void);
+const char *kvl_backend_name(const kvl_backend_t *be);
+bool kvl_backend_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t weight_type);
+
+/* y[T][rows] = x[T][cols] · Wᵀ + bias */
+void kvl_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens);
+/* y[T][n] = x / sqrt(mean(x²) + eps) * w, row by row (y may be x) */
+void kvl_rmsnorm(kvl_backend_t *be, const float *x, const float *w, float *y, int n_tokens, int n, float eps);
+/* rotate x[T][n_heads * head_dim] in place at pos[T]; inverse = rotate back */
+void kvl_rope(kvl_backend_t *be, const struct kvl_rope *r, float *x, const int32_t *pos, int n_tokens,
+              int n_heads, bool inverse);
+/* y[i] = silu(gate[i]) * up[i] */
+void kvl_swiglu(kvl_backend_t *be, const float *gate, const float *up, float *y, int64_t n);
+/* y[T][cols] = rows ids[T] of the (possibly quantised) table */
+void kvl_embed(kvl_backend_t *be, const struct kvl_weight *table, const int32_t *ids, float *y, int n_tokens);
+void kvl_attention(kvl_backend_t *be, const struct kvl_attn_args *a);
+
+/* ---- scalar references (kernels/ref/): plain C, double accumulation ---------------- */
+
+void kvl_matmul_ref(const struct kvl_weight *w, const float *x, float *y, int n_tokens);
+void kvl_rmsnorm_ref(const float *x, const float *w, float *y, int n_tokens, int n, float eps);
+void kvl_rope_ref(const struct kvl_rope *r, float *x, const int32_t *pos, int n_tokens, int n_heads, bool inverse);
+void kvl_swiglu_ref(const float *gate, const float *up, float *y, int64_t n);
+void kvl_embed_ref(const struct kvl_weight *table, const int32_t *ids, float *y, int n_tokens);
+void kvl_attention_ref(const struct kvl_attn_args *a);
+
+#endif /* KVL_KERNELS_H */

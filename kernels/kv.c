@@ -1,0 +1,87 @@
+/* kv.c — the paged KV cache's geometry (where a block keeps a layer's K and V), the
+ * store/load of rows, and the RoPE table generator shared by every RoPE user. */
+#include <math.h>
+#include <string.h>
+
+#include "kvl_error.h"
+#include "kvl_kernels.h"
+
+/* Block layout (block-major, so a block is one contiguous unit for tier copies):
+ *   block b: for layer l in 0..n_layer-1: K[KVL_KV_BLOCK][kvw], V[KVL_KV_BLOCK][kvw]
+ * with kvw = n_kv_head * head_dim elements of the pool's dtype. */
+static size_t elem_size(enum kvl_kv_dtype d) { return d == KVL_KV_BF16 ? 2 : 4; }
+
+static size_t slab_bytes(const struct kvl_kv_layout *l) { /* one K (or V) of one layer */
+  return (size_t)KVL_KV_BLOCK * (size_t)l->n_kv_head * (size_t)l->head_dim * elem_size(l->dtype);
+}
+
+size_t kvl_kv_block_bytes(const struct kvl_kv_layout *l) { return 2 * (size_t)l->n_layer * slab_bytes(l); }
+
+void *kvl_kv_k_ptr(const struct kvl_kv_layout *l, void *base, int32_t block, int layer) {
+  return (uint8_t *)base + (size_t)block * kvl_kv_block_bytes(l) + (size_t)(2 * layer) * slab_bytes(l);
+}
+
+void *kvl_kv_v_ptr(const struct kvl_kv_layout *l, void *base, int32_t block, int layer) {
+  return (uint8_t *)base + (size_t)block * kvl_kv_block_bytes(l) + (size_t)(2 * layer + 1) * slab_bytes(l);
+}
+
+static void put_row(enum kvl_kv_dtype d, void *dst, const float *src, int n) {
+  if (d == KVL_KV_F32) {
+    memcpy(dst, src, (size_t)n * 4);
+  } else {
+    uint16_t *o = dst;
+    for (int i = 0; i < n; i++) o[i] = kvl_fp32_to_bf16(src[i]);
+  }
+}
+
+static void get_row(enum kvl_kv_dtype d, const void *src, float *dst, int n) {
+  if (d == KVL_KV_F32) {
+    memcpy(dst, src, (size_t)n * 4);
+  } else {
+    const uint16_t *s = src;
+    for (int i = 0; i < n; i++) dst[i] = kvl_bf16_to_fp32(s[i]);
+  }
+}
+
+void kvl_kv_store(const struct kvl_kv_layout *l, void *base, int layer, int n_tokens,
+                  const float *k, const float *v, const int32_t *pos, const int32_t *seq,
+                  const int32_t *const *block_tables) {
+  int kvw = l->n_kv_head * l->head_dim;
+  size_t es = elem_size(l->dtype);
+  for (int t = 0; t < n_tokens; t++) {
+    KVL_ASSERT(pos[t] >= 0);
+    int32_t blk = block_tables[seq[t]][pos[t] / KVL_KV_BLOCK];
+    size_t off = (size_t)(pos[t] % KVL_KV_BLOCK) * (size_t)kvw * es;
+    put_row(l->dtype, (uint8_t *)kvl_kv_k_ptr(l, base, blk, layer) + off, k + (size_t)t * kvw, kvw);
+    put_row(l->dtype, (uint8_t *)kvl_kv_v_ptr(l, base, blk, layer) + off, v + (size_t)t * kvw, kvw);
+  }
+}
+
+void kvl_kv_load(const struct kvl_kv_layout *l, const void *base, int layer, int32_t pos,
+                 const int32_t *block_table, float *k, float *v) {
+  int kvw = l->n_kv_head * l->head_dim;
+  int32_t blk = block_table[pos / KVL_KV_BLOCK];
+  size_t off = (size_t)(pos % KVL_KV_BLOCK) * (size_t)kvw * elem_size(l->dtype);
+  if (k) get_row(l->dtype, (const uint8_t *)kvl_kv_k_ptr(l, (void *)base, blk, layer) + off, k, kvw);
+  if (v) get_row(l->dtype, (const uint8_t *)kvl_kv_v_ptr(l, (void *)base, blk, layer) + off, v, kvw);
+}
+
+int kvl_rope_init(struct kvl_rope *r, int head_dim, float theta) {
+  if (head_dim <= 0 || head_dim % 2 || head_dim / 2 > 256 || !(theta > 1.0f)) return KVL_EINVAL;
+  r->head_dim = head_dim;
+  r->theta = theta;
+  /* theta^(-2i/d) in fp32, as the reference implementations compute their inverse
+   * frequencies (an fp32 power of an fp32 exponent). */
+  for (int i = 0; i < head_dim / 2; i++)
+    r->inv_freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+  return 0;
+}
+
+void kvl_rope_table(const struct kvl_rope *r, int32_t pos, float *c, float *s) {
+  /* the angle in double: exact product of the fp32 frequency and the position */
+  for (int i = 0; i < r->head_dim / 2; i++) {
+    double a = (double)pos * (double)r->inv_freq[i];
+    c[i] = (float)cos(a);
+    s[i] = (float)sin(a);
+  }
+}

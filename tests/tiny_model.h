@@ -1,0 +1,22 @@
+/* tiny_model.h — tiny synthetic Qwen2 models (random weights, real layout, several
+ * quantisation types) written by our own GGUF writer, for the fast unit tier. */
+#ifndef KVL_TINY_MODEL_H
+#define KVL_TINY_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct tiny_opts {
+  const char *arch;        /* "qwen2" unless testing refusal */
+  const char *skip_tensor; /* omit this tensor (refusal tests) */
+  const char *bad_shape;   /* write this tensor with one row too many */
+  int n_layer;             /* default 2 */
+  int tied;                /* no output.weight */
+  uint64_t seed;
+};
+
+/* Serialise a tiny model (n_embd 64, 4 heads over 2 KV heads of 16, n_ff 256, vocab 300)
+ * into a malloc'd buffer. Returns 0 or a KVL_E* code. */
+int tiny_qwen2(const struct tiny_opts *o, void **buf, size_t *len);
+
+#endif

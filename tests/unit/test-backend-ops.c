@@ -1,0 +1,278 @@
+/* test-backend-ops.c — every kernel op x shape x dtype on every CPU SIMD level this
+ * processor runs, against the scalar reference, with a per-op error bound (normalised
+ * mean squared error, as ggml's test-backend-ops). `--perf` times the ops instead.
+ *
+ *   test-backend-ops            correctness (unit suite)
+ *   test-backend-ops --perf     throughput of each op on model-sized shapes
+ */
+#include <time.h>
+
+#include "../kvl_test.h"
+#include "kvl_error.h"
+#include "kvl_kernels.h"
+
+static unsigned long long seed = 1;
+
+static void fill(float *x, size_t n, float scale) {
+  for (size_t i = 0; i < n; i++) x[i] = kvl_test_randf(&seed) * scale;
+}
+
+/* Weight data of `type`: quantised random values; K-quants from random bytes with
+ * sane scales (their quantisers are not needed for this). */
+static void *make_weight(uint32_t type, int64_t rows, int64_t cols) {
+  size_t rb = kvl_row_size(type, (uint64_t)cols);
+  unsigned char *d = malloc(rb * (size_t)rows);
+  float *tmp = malloc((size_t)cols * sizeof(float));
+  for (int64_t r = 0; r < rows; r++) {
+    unsigned char *row = d + (size_t)r * rb;
+    if (type == KVL_TYPE_Q4_K || type == KVL_TYPE_Q5_K || type == KVL_TYPE_Q6_K) {
+      for (size_t i = 0; i < rb; i++) row[i] = (unsigned char)kvl_test_rand(&seed);
+      size_t bs = kvl_type_traits(type)->type_size;
+      for (size_t b = 0; b < rb / bs; b++) {
+        unsigned char *blk = row + b * bs;
+        uint16_t h = kvl_fp32_to_fp16(0.002f * (1 + (float)(kvl_test_rand(&seed) % 100) / 100));
+        uint16_t h2 = kvl_fp32_to_fp16(0.001f);
+        if (type == KVL_TYPE_Q6_K) { memcpy(blk + 208, &h, 2); }
+        else { memcpy(blk, &h, 2); memcpy(blk + 2, &h2, 2); }
+      }
+    } else {
+      fill(tmp, (size_t)cols, 1.0f);
+      kvl_quant_row_ref(type, tmp, row, cols);
+    }
+  }
+  free(tmp);
+  return d;
+}
+
+static double nmse(const float *a, const float *ref, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    double e = (double)a[i] - ref[i];
+    num += e * e;
+    den += (double)ref[i] * ref[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+static int n_cases, n_bad;
+static void report(const char *be, const char *op, const char *desc, double err, double bound) {
+  n_cases++;
+  bool ok = err <= bound && err == err;
+  if (!ok) {
+    n_bad++;
+    kvl_test_failed++;
+    fprintf(stderr, "FAIL %-11s %-9s %-40s nmse=%.3g > %.1g\n", be, op, desc, err, bound);
+  }
+}
+
+static const uint32_t wtypes[] = {KVL_TYPE_F32, KVL_TYPE_F16, KVL_TYPE_BF16, KVL_TYPE_Q4_0, KVL_TYPE_Q4_1,
+                                  KVL_TYPE_Q5_0, KVL_TYPE_Q5_1, KVL_TYPE_Q8_0, KVL_TYPE_Q4_K, KVL_TYPE_Q5_K,
+                                  KVL_TYPE_Q6_K};
+
+static void test_matmul(kvl_backend_t *be) {
+  static const struct { int64_t rows, cols; int T; } shapes[] = {
+    {1, 256, 1}, {7, 512, 3}, {33, 256, 4}, {17, 768, 5}, {64, 1024, 17}, {130, 256, 1},
+  };
+  for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++)
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+      uint32_t ty = wtypes[ti];
+      int64_t rows = shapes[si].rows, cols = shapes[si].cols;
+      int T = shapes[si].T;
+      if (ty == KVL_TYPE_F32 && si == 1) cols = 509; /* a dense odd width: SIMD tails */
+      void *wd = make_weight(ty, rows, cols);
+      float *bias = malloc((size_t)rows * sizeof(float));
+      fill(bias, (size_t)rows, 0.5f);
+      struct kvl_weight w = {ty, cols, rows, wd, si % 2 ? bias : NULL};
+      float *x = malloc((size_t)T * cols * sizeof(float));
+      float *y = malloc((size_t)T * rows * sizeof(float)), *yr = malloc((size_t)T * rows * sizeof(float));
+      fill(x, (size_t)T * cols, 1.0f);
+      kvl_matmul(be, &w, x, y, T);
+      kvl_matmul_ref(&w, x, yr, T);
+      char desc[96];
+      snprintf(desc, sizeof(desc), "%s rows=%lld cols=%lld T=%d%s", kvl_type_name(ty), (long long)rows,
+               (long long)cols, T, w.bias ? " +bias" : "");
+      report(kvl_backend_name(be), "matmul", desc, nmse(y, yr, (size_t)T * rows), 1e-10);
+      free(wd); free(bias); free(x); free(y); free(yr);
+    }
+}
+
+static void test_elementwise(kvl_backend_t *be) {
+  for (int n = 1; n <= 1536; n = n * 3 + 5) {
+    int T = 3;
+    float *x = malloc((size_t)T * n * 4), *w = malloc((size_t)n * 4), *y = malloc((size_t)T * n * 4), *yr = malloc((size_t)T * n * 4);
+    fill(x, (size_t)T * n, 3.0f);
+    fill(w, (size_t)n, 1.0f);
+    kvl_rmsnorm(be, x, w, y, T, n, 1e-6f);
+    kvl_rmsnorm_ref(x, w, yr, T, n, 1e-6f);
+    char desc[64];
+    snprintf(desc, sizeof(desc), "n=%d T=%d", n, T);
+    report(kvl_backend_name(be), "rmsnorm", desc, nmse(y, yr, (size_t)T * n), 1e-12);
+    kvl_swiglu(be, x, w, y, n);
+    kvl_swiglu_ref(x, w, yr, n);
+    report(kvl_backend_name(be), "swiglu", desc, nmse(y, yr, (size_t)n), 1e-12);
+    free(x); free(w); free(y); free(yr);
+  }
+}
+
+static void test_rope(kvl_backend_t *be) {
+  static const struct { int d, heads; float theta; } cases[] = {{64, 14, 1e6f}, {128, 2, 1e6f}, {32, 3, 1e4f}};
+  int32_t pos[] = {0, 1, 15, 16, 1000, 32767};
+  int T = 6;
+  for (size_t c = 0; c < 3; c++) {
+    struct kvl_rope r;
+    CHECK_EQ_INT(kvl_rope_init(&r, cases[c].d, cases[c].theta), 0);
+    size_t n = (size_t)T * cases[c].heads * cases[c].d;
+    float *x = malloc(n * 4), *y = malloc(n * 4), *yr = malloc(n * 4);
+    fill(x, n, 2.0f);
+    for (int inv = 0; inv < 2; inv++) {
+      memcpy(y, x, n * 4);
+      memcpy(yr, x, n * 4);
+      kvl_rope(be, &r, y, pos, T, cases[c].heads, inv);
+      kvl_rope_ref(&r, yr, pos, T, cases[c].heads, inv);
+      char desc[64];
+      snprintf(desc, sizeof(desc), "d=%d heads=%d%s", cases[c].d, cases[c].heads, inv ? " inverse" : "");
+      report(kvl_backend_name(be), "rope", desc, nmse(y, yr, n), 1e-12);
+    }
+    /* the inverse undoes the rotation */
+    memcpy(y, x, n * 4);
+    kvl_rope(be, &r, y, pos, T, cases[c].heads, false);
+    kvl_rope(be, &r, y, pos, T, cases[c].heads, true);
+    report(kvl_backend_name(be), "rope", "forward then inverse = identity", nmse(y, x, n), 1e-12);
+    free(x); free(y); free(yr);
+  }
+  struct kvl_rope r;
+  CHECK_EQ_INT(kvl_rope_init(&r, 63, 1e4f), KVL_EINVAL);
+  CHECK_EQ_INT(kvl_rope_init(&r, 64, 0.5f), KVL_EINVAL);
+}
+
+static void test_embed(kvl_backend_t *be) {
+  for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++) {
+    void *wd = make_weight(wtypes[ti], 50, 256);
+    struct kvl_weight w = {wtypes[ti], 256, 50, wd, NULL};
+    int32_t ids[] = {0, 49, 7, 7};
+    float y[4 * 256], yr[4 * 256];
+    kvl_embed(be, &w, ids, y, 4);
+    kvl_embed_ref(&w, ids, yr, 4);
+    report(kvl_backend_name(be), "embed", kvl_type_name(wtypes[ti]), nmse(y, yr, 4 * 256), 0);
+    free(wd);
+  }
+}
+
+/* Two sequences with scattered physical blocks; a prefill chunk crossing block
+ * boundaries in one and single decode tokens in the other, in one call. */
+static void test_attention(kvl_backend_t *be) {
+  static const struct { int n_kv, d, n_head; } geo[] = {{2, 64, 14}, {2, 128, 12}, {1, 32, 4}, {4, 16, 4}};
+  for (size_t gi = 0; gi < 4; gi++)
+    for (int dt = 0; dt < 2; dt++) {
+      struct kvl_kv_layout l = {3, geo[gi].n_kv, geo[gi].d, dt ? KVL_KV_BF16 : KVL_KV_F32};
+      int kvw = l.n_kv_head * l.head_dim, qw = geo[gi].n_head * l.head_dim;
+      int n_blocks = 16;
+      void *pool = calloc((size_t)n_blocks, kvl_kv_block_bytes(&l));
+      int32_t bt0[] = {5, 2, 9, 0, 11}, bt1[] = {3, 14, 7, 1, 12, 6};
+      const int32_t *bts[] = {bt0, bt1};
+      /* fill positions 0..79 of seq 0 and 0..95 of seq 1 in every layer */
+      float *k = malloc(96 * (size_t)kvw * 4), *v = malloc(96 * (size_t)kvw * 4);
+      int32_t pos[96], sq[96];
+      for (int s = 0; s < 2; s++) {
+        int n = s ? 96 : 80;
+        for (int i = 0; i < n; i++) { pos[i] = i; sq[i] = s; }
+        for (int layer = 0; layer < 3; layer++) {
+          fill(k, (size_t)n * kvw, 1.0f);
+          fill(v, (size_t)n * kvw, 1.0f);
+          kvl_kv_store(&l, pool, layer, n, k, v, pos, sq, bts);
+        }
+      }
+      /* batch: seq 0 positions 13..45 (prefill chunk), seq 1 position 95, seq 0 at 79 */
+      int T = 0;
+      for (int p = 13; p <= 45; p++) { pos[T] = p; sq[T++] = 0; }
+      pos[T] = 95; sq[T++] = 1;
+      pos[T] = 79; sq[T++] = 0;
+      float *q = malloc((size_t)T * qw * 4), *o = malloc((size_t)T * qw * 4), *orf = malloc((size_t)T * qw * 4);
+      fill(q, (size_t)T * qw, 1.0f);
+      struct kvl_attn_args a = {T, q, o, pos, sq, bts, geo[gi].n_head, 1, &l, pool, 1.0f / sqrtf((float)l.head_dim)};
+      kvl_attention(be, &a);
+      a.out = orf;
+      kvl_attention_ref(&a);
+      char desc[96];
+      snprintf(desc, sizeof(desc), "heads=%d/%d d=%d kv=%s T=%d", geo[gi].n_head, l.n_kv_head, l.head_dim,
+               dt ? "bf16" : "f32", T);
+      report(kvl_backend_name(be), "attention", desc, nmse(o, orf, (size_t)T * qw), 1e-10);
+      free(pool); free(k); free(v); free(q); free(o); free(orf);
+    }
+}
+
+/* kv store/load round trip and the block geometry */
+static void test_kv(void) {
+  struct kvl_kv_layout l = {2, 2, 64, KVL_KV_F32};
+  CHECK_EQ_INT(kvl_kv_block_bytes(&l), 2 * 2 * 16 * 128 * 4);
+  l.dtype = KVL_KV_BF16;
+  CHECK_EQ_INT(kvl_kv_block_bytes(&l), 2 * 2 * 16 * 128 * 2);
+  void *pool = calloc(4, kvl_kv_block_bytes(&l));
+  int32_t bt[] = {3, 1};
+  const int32_t *bts[] = {bt};
+  float k[128], v[128], k2[128], v2[128];
+  fill(k, 128, 1);
+  fill(v, 128, 1);
+  int32_t pos = 17, sq = 0;
+  kvl_kv_store(&l, pool, 1, 1, k, v, &pos, &sq, bts);
+  kvl_kv_load(&l, pool, 1, 17, bt, k2, v2);
+  float maxe = 0;
+  for (int i = 0; i < 128; i++) maxe = fmaxf(maxe, fmaxf(fabsf(k[i] - k2[i]), fabsf(v[i] - v2[i])));
+  CHECK(maxe <= 1.0f / 128); /* bf16: 8 bits of mantissa on values in [-1, 1) */
+  /* it landed in physical block 1, slot 1, layer 1 */
+  const uint16_t *kp = (const uint16_t *)kvl_kv_k_ptr(&l, pool, 1, 1) + 128;
+  CHECK(kp[0] == kvl_fp32_to_bf16(k[0]));
+  free(pool);
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void perf(kvl_backend_t *be) {
+  printf("\n%s\n", kvl_backend_name(be));
+  static const uint32_t pt[] = {KVL_TYPE_F32, KVL_TYPE_Q8_0, KVL_TYPE_Q5_0, KVL_TYPE_Q4_K, KVL_TYPE_Q6_K};
+  static const int Ts[] = {1, 64, 256};
+  for (size_t i = 0; i < sizeof(pt) / sizeof(pt[0]); i++)
+    for (size_t j = 0; j < 3; j++) {
+      int64_t rows = 4864, cols = 1536;
+      int T = Ts[j];
+      void *wd = make_weight(pt[i], rows, cols);
+      struct kvl_weight w = {pt[i], cols, rows, wd, NULL};
+      float *x = malloc((size_t)T * cols * 4), *y = malloc((size_t)T * rows * 4);
+      fill(x, (size_t)T * cols, 1);
+      kvl_matmul(be, &w, x, y, T);
+      int reps = 0;
+      double t0 = now(), t1;
+      do { kvl_matmul(be, &w, x, y, T); reps++; } while ((t1 = now()) - t0 < 0.3);
+      double s = (t1 - t0) / reps;
+      printf("  matmul %-5s %lldx%lld T=%-4d %8.2f ms  %7.1f GFLOP/s  %6.2f GB/s weights\n", kvl_type_name(pt[i]),
+             (long long)rows, (long long)cols, T, s * 1e3, 2.0 * rows * cols * T / s * 1e-9,
+             kvl_row_size(pt[i], cols) * rows / s * 1e-9);
+      free(wd); free(x); free(y);
+    }
+}
+
+int main(int argc, char **argv) {
+  const char *levels[] = {"scalar", "avx2", "avx512"};
+  bool do_perf = argc > 1 && !strcmp(argv[1], "--perf");
+  for (int i = 0; i < 3; i++) {
+    kvl_backend_t *be = kvl_backend_cpu_level(levels[i]);
+    if (!be) { printf("skip %s (not supported by this processor)\n", levels[i]); continue; }
+    if (do_perf) { perf(be); continue; }
+    int before = n_bad;
+    test_matmul(be);
+    test_elementwise(be);
+    test_rope(be);
+    test_embed(be);
+    test_attention(be);
+    printf("%s %s\n", n_bad == before ? "ok  " : "FAIL", kvl_backend_name(be));
+  }
+  if (!do_perf) {
+    RUN(test_kv);
+    printf("%d cases, %d failed\n", n_cases, n_bad);
+  }
+  return TEST_EXIT();
+}
