@@ -24,7 +24,11 @@ struct kvl__simd {
   void (*gemm_tile)(const float *w, int nr, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, int64_t K);
   void (*axpy)(float a, const float *x, float *y, int64_t n); /* y += a x */
   void (*scale)(float a, float *y, int64_t n);                /* y *= a */
+  /* dequantise n elements of a row (bit-identical to kvl_dequant_row_ref) */
+  int (*dequant)(uint32_t type, const void *src, float *dst, int64_t n);
 };
+
+int kvl__dequant_avx512(uint32_t type, const void *src, float *dst, int64_t n);
 
 extern const struct kvl__simd kvl__simd_scalar;
 extern const struct kvl__simd kvl__simd_avx2;

@@ -3,5 +3,6 @@
 #define KVL_CLI_H
 
 int kvl_cli_info(int argc, char **argv);
+int kvl_cli_run(int argc, char **argv);
 
 #endif

@@ -11,6 +11,7 @@ struct cmd {
 };
 
 static const struct cmd cmds[] = {
+  {"run", kvl_cli_run, "generate text from a model file, in this process"},
   {"info", kvl_cli_info, "show a GGUF model's metadata and tensors"},
 };
 

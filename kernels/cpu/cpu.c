@@ -41,11 +41,20 @@ static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const floa
       int64_t r0 = tile * KVL__ROWS;
       int nr = (int)(N - r0 < KVL__ROWS ? N - r0 : KVL__ROWS);
       const float *wt;
+      if (!dense && n_tokens <= 2) {
+        /* decode: dequantise one row into L1 and use it at once */
+        for (int r = 0; r < nr; r++) {
+          s->dequant(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb, wf, K);
+          for (int t = 0; t < n_tokens; t++)
+            y[(int64_t)t * N + r0 + r] = s->dot(wf, x + (int64_t)t * K, K) + (w->bias ? w->bias[r0 + r] : 0.0f);
+        }
+        continue;
+      }
       if (dense) {
         wt = (const float *)w->data + r0 * K;
       } else {
         for (int r = 0; r < nr; r++)
-          kvl_dequant_row_ref(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb, wf + (size_t)r * K, K);
+          s->dequant(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb, wf + (size_t)r * K, K);
         wt = wf;
       }
       /* y[t][r0..r0+nr) for all tokens, 4 tokens at a time through a small buffer */
@@ -198,7 +207,8 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level) {
   if (!strcmp(level, "scalar")) return &be_scalar;
   if (!strcmp(level, "avx2"))
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &be_avx2 : NULL;
-  if (!strcmp(level, "avx512")) return __builtin_cpu_supports("avx512f") ? &be_avx512 : NULL;
+  if (!strcmp(level, "avx512"))
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? &be_avx512 : NULL;
   return NULL;
 }
 

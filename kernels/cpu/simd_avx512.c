@@ -78,4 +78,4 @@ static void scale(float a, float *y, int64_t n) {
   }
 }
 
-const struct kvl__simd kvl__simd_avx512 = {"avx512", dot, gemm_tile, axpy, scale};
+const struct kvl__simd kvl__simd_avx512 = {"avx512", dot, gemm_tile, axpy, scale, kvl__dequant_avx512};

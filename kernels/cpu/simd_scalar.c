@@ -28,4 +28,4 @@ static void scale(float a, float *y, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] *= a;
 }
 
-const struct kvl__simd kvl__simd_scalar = {"scalar", dot, gemm_tile, axpy, scale};
+const struct kvl__simd kvl__simd_scalar = {"scalar", dot, gemm_tile, axpy, scale, kvl_dequant_row_ref};

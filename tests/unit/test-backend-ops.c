@@ -10,6 +10,7 @@
 #include "../kvl_test.h"
 #include "kvl_error.h"
 #include "kvl_kernels.h"
+#include "../../kernels/backend-impl.h"
 
 static unsigned long long seed = 1;
 
@@ -145,6 +146,18 @@ static void test_rope(kvl_backend_t *be) {
   CHECK_EQ_INT(kvl_rope_init(&r, 64, 0.5f), KVL_EINVAL);
 }
 
+/* The level's dequantisation is bit-identical to the reference for every type. */
+static void test_dequant(kvl_backend_t *be) {
+  for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++) {
+    void *wd = make_weight(wtypes[ti], 3, 1024);
+    float y[3 * 1024], yr[3 * 1024];
+    CHECK_EQ_INT(be->simd->dequant(wtypes[ti], wd, y, 3 * 1024), 0);
+    CHECK_EQ_INT(kvl_dequant_row_ref(wtypes[ti], wd, yr, 3 * 1024), 0);
+    report(kvl_backend_name(be), "dequant", kvl_type_name(wtypes[ti]), memcmp(y, yr, sizeof(y)) ? 1.0 : 0.0, 0);
+    free(wd);
+  }
+}
+
 static void test_embed(kvl_backend_t *be) {
   for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++) {
     void *wd = make_weight(wtypes[ti], 50, 256);
@@ -267,6 +280,7 @@ int main(int argc, char **argv) {
     test_elementwise(be);
     test_rope(be);
     test_embed(be);
+    test_dequant(be);
     test_attention(be);
     printf("%s %s\n", n_bad == before ? "ok  " : "FAIL", kvl_backend_name(be));
   }
