@@ -906,8 +906,7 @@ static bool run_test(struct ctx *c, const struct kvl__node *at, int test, const 
   static const char *const none_p[] = {NULL};
   struct kvl__val arg = kvl__none();
   bool have = false;
-  bool takes_arg = test == T_SAMEAS || test == T_DIVISIBLEBY || (test >= T_EQ && test <= T_IN) ||
-                   test == T_FILTER || test == T_TEST;
+  bool takes_arg = test == T_SAMEAS || test == T_DIVISIBLEBY || (test >= T_EQ && test <= T_IN);
   bind(c, at, test_names[test], a, takes_arg ? one : none_p, &arg, &have);
   if (takes_arg && !have)
     efail(c, at, KVL_EINVAL, "test '%s' needs an argument", test_names[test]);
@@ -962,8 +961,8 @@ static bool run_test(struct ctx *c, const struct kvl__node *at, int test, const 
     case T_LOWER: return str_is_case(c, v, false);
     case T_UPPER: return str_is_case(c, v, true);
     case T_ESCAPED: return false;
-    case T_FILTER: return arg.type == KVL__V_STR && kvl__filter_index(arg.s.p, arg.s.n) >= 0;
-    case T_TEST: return arg.type == KVL__V_STR && kvl__test_index(arg.s.p, arg.s.n) >= 0;
+    case T_FILTER: return v->type == KVL__V_STR && kvl__filter_index(v->s.p, v->s.n) >= 0;
+    case T_TEST: return v->type == KVL__V_STR && kvl__test_index(v->s.p, v->s.n) >= 0;
   }
   return false;
 }
@@ -1695,11 +1694,14 @@ static void assign(struct ctx *c, const struct kvl__node *nd, struct frame *f, s
 static void exec_for(struct ctx *c, const struct kvl__node *nd, struct frame *f) {
   struct kvl__val seq = eval(c, nd->a, f);
   const struct kvl__list *items = iter_list(c, &seq, nd);
+  /* one scope reused by every iteration (cleared each time), so a long loop does not
+   * allocate per iteration */
+  struct frame *it = frame_new(c, f);
   if (nd->b) { /* the loop filter: `for x in xs if cond` */
     struct lb kept = {0};
     for (size_t i = 0; i < items->n; i++) {
       step(c, nd);
-      struct frame *it = frame_new(c, f);
+      it->n = 0;
       assign(c, nd, it, items->v[i]);
       struct kvl__val t = eval(c, nd->b, it);
       if (kvl__truthy(&t)) lb_push(c, &kept, items->v[i]);
@@ -1710,7 +1712,7 @@ static void exec_for(struct ctx *c, const struct kvl__node *nd, struct frame *f)
   lp->items = items;
   for (size_t i = 0; i < items->n; i++) {
     step(c, nd);
-    struct frame *it = frame_new(c, f);
+    it->n = 0;
     lp->index0 = i;
     assign(c, nd, it, items->v[i]);
     frame_set(c, it, "loop", 4, (struct kvl__val){.type = KVL__V_LOOP, .loop = lp});

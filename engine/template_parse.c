@@ -344,6 +344,8 @@ static struct kvl__node *parse_postfix(struct parser *p, struct kvl__node *nd) {
       }
     } else if (is_op(p, KVL__OP_LPAREN)) {
       struct kvl__node *c = mk(p, KVL__N_CALL, t);
+      c->line = nd->line; /* a failing call reports where the callee starts */
+      c->col = nd->col;
       c->a = nd;
       parse_call_args(p, c);
       nd = c;
@@ -419,6 +421,8 @@ static struct kvl__node *parse_filter_expr(struct parser *p, struct kvl__node *n
       nd = te;
     } else if (is_op(p, KVL__OP_LPAREN)) {
       struct kvl__node *c = mk(p, KVL__N_CALL, t);
+      c->line = nd->line; /* a failing call reports where the callee starts */
+      c->col = nd->col;
       c->a = nd;
       parse_call_args(p, c);
       nd = c;

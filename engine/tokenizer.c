@@ -403,6 +403,18 @@ static int encode_segment(const kvl_tokenizer_t *tk, const uint8_t *s, size_t n,
 
 int kvl_tokenizer_encode(const kvl_tokenizer_t *tk, const char *text, size_t len, bool parse_special,
                          int32_t **ids_out, size_t *n_out) {
+  return kvl_tokenizer_encode_spans(tk, text, len, parse_special, NULL, 0, ids_out, n_out);
+}
+
+/* Is byte i inside one of the literal spans (sorted [start, end) pairs)? */
+static bool in_spans(const size_t *spans, size_t n_spans, size_t i) {
+  for (size_t k = 0; k < n_spans; k++)
+    if (i >= spans[2 * k] && i < spans[2 * k + 1]) return true;
+  return false;
+}
+
+int kvl_tokenizer_encode_spans(const kvl_tokenizer_t *tk, const char *text, size_t len, bool parse_special,
+                               const size_t *literal, size_t n_literal, int32_t **ids_out, size_t *n_out) {
   *ids_out = NULL;
   *n_out = 0;
   if (u8_check((const uint8_t *)text, len) != NULL) return KVL_EINVAL;
@@ -412,10 +424,11 @@ int kvl_tokenizer_encode(const kvl_tokenizer_t *tk, const char *text, size_t len
   if (parse_special) {
     for (size_t i = 0; i < len && !rc;) {
       int32_t hit = -1;
-      if (text[i] == '<' || text[i] == '[') /* every special of these vocabularies starts so */
+      if ((text[i] == '<' || text[i] == '[') && !in_spans(literal, n_literal, i)) /* specials start so */
         for (int k = 0; k < tk->n_specials; k++) {
           int32_t id = tk->specials[k];
-          if (tk->text_len[id] <= len - i && !memcmp(text + i, tk->text[id], tk->text_len[id])) { hit = id; break; }
+          if (tk->text_len[id] <= len - i && !memcmp(text + i, tk->text[id], tk->text_len[id]) &&
+              !in_spans(literal, n_literal, i + tk->text_len[id] - 1)) { hit = id; break; }
         }
       if (hit < 0) { i++; continue; }
       rc = encode_segment(tk, (const uint8_t *)text + seg, i - seg, &out);

@@ -47,6 +47,13 @@ bool kvl_tokenizer_is_eog(const kvl_tokenizer_t *tk, int32_t id);
 int kvl_tokenizer_encode(const kvl_tokenizer_t *tk, const char *text, size_t len, bool parse_special,
                          int32_t **ids, size_t *n_ids);
 
+/* As encode with parse_special, except inside the `n_literal` byte ranges literal[2k] ..
+ * literal[2k+1] (sorted, disjoint), where special-token strings stay plain text. Used
+ * for rendered chat templates: specials where the template wrote them, never inside a
+ * message's content. Text is still pre-tokenised as one string across span edges. */
+int kvl_tokenizer_encode_spans(const kvl_tokenizer_t *tk, const char *text, size_t len, bool parse_special,
+                               const size_t *literal, size_t n_literal, int32_t **ids, size_t *n_ids);
+
 /* The bytes a token stands for (byte-level decoded; specials as their text). Points into
  * the tokenizer; NULL for an id out of range. */
 const char *kvl_tokenizer_token_bytes(const kvl_tokenizer_t *tk, int32_t id, size_t *len);
