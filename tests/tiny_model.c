@@ -105,3 +105,70 @@ int tiny_qwen2(const struct tiny_opts *o, void **buf, size_t *len) {
   kvl_gguf_writer_free(g.w);
   return rc;
 }
+
+/* ---- tiny tokenizer ------------------------------------------------------------ */
+
+static size_t cp_utf8(uint32_t cp, char *o) {
+  if (cp < 0x80) { o[0] = (char)cp; return 1; }
+  o[0] = (char)(0xc0 | cp >> 6);
+  o[1] = (char)(0x80 | (cp & 0x3f));
+  return 2;
+}
+
+/* the byte-level alphabet's character for byte b, as UTF-8 */
+static void byte_char(int b, char out[4]) {
+  int n = 0;
+  uint32_t cp = 0;
+  for (int x = 0; x <= b; x++) {
+    bool printable = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
+    cp = printable ? (uint32_t)x : (uint32_t)(256 + n++);
+  }
+  out[cp_utf8(cp, out)] = 0;
+}
+
+int tiny_tokenizer_meta(void *writer) {
+  kvl_gguf_writer_t *w = writer;
+  enum { NB = 256 };
+  static const char *const merges[][2] = {
+    {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"\xc4\xa0", "w"}, {"o", "r"}, {"\xc4\xa0w", "or"},
+    {"\xc4\xa0wor", "l"}, {"\xc4\xa0worl", "d"}, {"\xc4\xa0", "t"}, {"\xc4\xa0t", "h"}, {"\xc4\xa0th", "e"},
+    {"d", "e"}, {"de", "f"}, {"\xc4\xa0", "\xc4\xa0"}, {"\xc4\xa0\xc4\xa0", "\xc4\xa0\xc4\xa0"},
+    {"\xc3\x83", "\xc2\xa9"},                          /* bytes c3 a9: e-acute */
+    {"\xc3\xb0", "\xc5\x81"}, {"\xc2\x9f", "\xc2\x98"}, {"\xc3\xb0\xc5\x81", "\xc2\x9f\xc2\x98"}, /* f0 9f 98 .. */
+    {"i", "n"}, {"\xc4\xa0", "in"}, {"1", "2"}, {"\xc4\x8a", "\xc4\x8a"},
+  };
+  enum { NM = sizeof(merges) / sizeof(merges[0]) };
+  static const char *const specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  const char *toks[NB + NM + 3];
+  char store[NB + NM][64];
+  int32_t types[NB + NM + 3];
+  for (int b = 0; b < NB; b++) { byte_char(b, store[b]); toks[b] = store[b]; types[b] = 1; }
+  char mstore[NM][64];
+  const char *mm[NM];
+  for (int i = 0; i < NM; i++) {
+    snprintf(store[NB + i], 64, "%s%s", merges[i][0], merges[i][1]);
+    toks[NB + i] = store[NB + i];
+    types[NB + i] = 1;
+    snprintf(mstore[i], 64, "%s %s", merges[i][0], merges[i][1]);
+    mm[i] = mstore[i];
+  }
+  for (int i = 0; i < 3; i++) { toks[NB + NM + i] = specials[i]; types[NB + NM + i] = 3; }
+  int rc = kvl_gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
+  if (!rc) rc = kvl_gguf_set_str(w, "tokenizer.ggml.pre", "qwen2");
+  if (!rc) rc = kvl_gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, NB + NM + 3);
+  if (!rc) rc = kvl_gguf_set_arr(w, "tokenizer.ggml.token_type", KVL_GGUF_I32, types, NB + NM + 3);
+  if (!rc) rc = kvl_gguf_set_arr_str(w, "tokenizer.ggml.merges", mm, NM);
+  if (!rc) rc = kvl_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", NB + NM + 2);
+  if (!rc) rc = kvl_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", NB + NM);
+  return rc;
+}
+
+int tiny_tokenizer_gguf(void **buf, size_t *len) {
+  kvl_gguf_writer_t *w = kvl_gguf_writer_new();
+  if (!w) return KVL_ENOMEM;
+  int rc = kvl_gguf_set_str(w, "general.architecture", "tokenizer-only");
+  if (!rc) rc = tiny_tokenizer_meta(w);
+  if (!rc) rc = kvl_gguf_writer_to_mem(w, buf, len);
+  kvl_gguf_writer_free(w);
+  return rc;
+}

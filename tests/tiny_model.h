@@ -19,4 +19,12 @@ struct tiny_opts {
  * into a malloc'd buffer. Returns 0 or a KVL_E* code. */
 int tiny_qwen2(const struct tiny_opts *o, void **buf, size_t *len);
 
+/* Add a tiny byte-level BPE vocabulary (tokenizer.ggml.*, model gpt2, pre qwen2) to a
+ * writer: the 256 byte tokens, a few dozen merges (ASCII words, a 2-byte and a 4-byte
+ * UTF-8 character), and the specials <|endoftext|>, <|im_start|>, <|im_end|>. */
+int tiny_tokenizer_meta(void *writer);
+
+/* A GGUF with only the tiny vocabulary, serialised into a malloc'd buffer. */
+int tiny_tokenizer_gguf(void **buf, size_t *len);
+
 #endif
