@@ -95,7 +95,7 @@ static void emit(kvl_detok_t *d, size_t upto, bool final, char **out, size_t *le
   char *o = malloc(upto * 3 + 1); /* worst case: every byte becomes U+FFFD */
   size_t ol = 0;
   size_t used = o ? sanitize((const uint8_t *)d->pend, upto, final, o, &ol) : 0;
-  memmove(d->pend, d->pend + used, d->n - used);
+  if (used) memmove(d->pend, d->pend + used, d->n - used);
   d->n -= used;
   if (o) o[ol] = '\0';
   *out = o;
