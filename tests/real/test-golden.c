@@ -3,6 +3,7 @@
  * tests/oracle/make-goldens.py and committed).
  *
  *   test-golden MODEL.gguf GOLDEN.gguf [--kv f32|bf16] [--chunk N] [--lp-bound X] [--prompts N]
+ *                 [--argmax-tol FRACTION]
  *
  * Per prompt, the prompt runs as chunked prefill (N tokens per forward, default 128)
  * with logits at every position, on blocks handed out in a scattered order. Checks:
@@ -59,13 +60,15 @@ int main(int argc, char **argv) {
   }
   enum kvl_kv_dtype dt = KVL_KV_F32;
   int chunk = 128;
-  double lp_bound = 0.02;
+  double lp_bound = 2e-3; /* f32 KV: see tests/oracle/README.md "Bounds" */
   int max_prompts = 1 << 30;
+  double argmax_tol = 0; /* fraction of confident positions allowed to differ (bf16 KV) */
   for (int i = 3; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--kv")) dt = !strcmp(argv[i + 1], "bf16") ? KVL_KV_BF16 : KVL_KV_F32;
     else if (!strcmp(argv[i], "--chunk")) chunk = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--lp-bound")) lp_bound = atof(argv[i + 1]);
     else if (!strcmp(argv[i], "--prompts")) max_prompts = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--argmax-tol")) argmax_tol = atof(argv[i + 1]);
   }
   if (access(argv[1], R_OK) || access(argv[2], R_OK)) {
     printf("skip: %s or %s missing (scripts/fetch-models)\n", argv[1], argv[2]);
@@ -189,12 +192,12 @@ int main(int argc, char **argv) {
     free(kr); free(lg); free(ls); free(pos); free(seq); free(pool); free(table);
     for (uint64_t l = 0; l < n_layers; l++) { free(kpre[l]); free(vcap[l]); }
   }
-  double kv_bound = dt == KVL_KV_BF16 ? 1e-1 : 1e-3;
+  double kv_bound = dt == KVL_KV_BF16 ? 1e-1 : 1e-4;
   printf("worst: max|dlogp| %.3e (bound %.3g)  argmax %d/%d differ  ppl %.3f%% (bound 1%%)  K/V %.2e (bound %.0e)  "
          "%.1f tok/s prefill over %" PRId64 " tokens\n",
          worst_lp, lp_bound, argmax_bad, argmax_n, 100 * worst_ppl, worst_kv, kv_bound, tok_total / t_total, tok_total);
   CHECK(worst_lp <= lp_bound);
-  CHECK_EQ_INT(argmax_bad, 0);
+  CHECK(argmax_bad <= argmax_tol * argmax_n);
   CHECK(worst_ppl <= 0.01);
   CHECK(worst_kv <= kv_bound);
   kvl_gguf_free(gold);
