@@ -1,0 +1,137 @@
+/* kvl_kvpool.h — one model's paged KV cache: block pool with byte budgets, lines (block
+ * tables) with per-position provenance, a provenance-aware prefix index, and two tiers
+ * (hot = attention-ready arena, cold = host copies). SQLite's page cache is the model:
+ * blocks are pinned by reference, a shared block is never written in place, and a
+ * sanity checker (kvl_pool_check) runs in tests and debug asserts.
+ *
+ *   struct kvl_pool_config c = {.layout = kvl_model_kv_layout(m, KVL_KV_BF16),
+ *                               .hot_bytes = 512 << 20, .cold_bytes = 2ull << 30};
+ *   kvl_pool_t *p;
+ *   kvl_pool_new(&c, &p);
+ *   kvl_line_t *l = kvl_line_new(p);
+ *   struct kvl_prefix_hit hit;
+ *   kvl_line_attach_prefix(l, prompt, n, KVL_REUSE_NATIVE_ONLY, &hit);  // shares cached blocks
+ *   kvl_line_append(l, prompt + hit.n_tokens, n - hit.n_tokens, KVL_WRITER_NATIVE);
+ *   ... forward over positions hit.n_tokens .. n-1 with kvl_line_block_table(l) ...
+ *   kvl_line_commit(l);                    // full blocks become findable by others
+ *   kvl_line_free(l);                      // blocks stay cached (evictable) until needed
+ *
+ * Provenance. Every position has a writer: KVL_WRITER_NATIVE (the model's own forward
+ * computed it) or a translator id (it was translated from another model's native
+ * position). A line keeps writers as runs. The index key of a full block is
+ * hash(parent key, its 16 token ids, its 16 writers): native and translated versions of
+ * the same tokens never alias. Lookup can be restricted to native blocks; and
+ * kvl_line_native_span refuses any span holding a translated position, so a translated
+ * position can never become a translation source.
+ *
+ * Tiers. Unreferenced cached blocks are evicted LRU from the hot arena into the cold
+ * tier (copied, still indexed) when room is needed; the cold tier drops its own LRU
+ * blocks when full. A line can be offloaded (all its blocks to cold) and restored;
+ * attaching a prefix restores cold blocks it finds. Running out of room is an error
+ * (KVL_EFULL) the scheduler answers by waiting or preempting — never a crash.
+ *
+ * Threads: a pool and its lines belong to one thread (the engine's compute thread).
+ */
+#ifndef KVL_KVPOOL_H
+#define KVL_KVPOOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvl_kernels.h"
+
+typedef uint16_t kvl_writer_t;
+#define KVL_WRITER_NATIVE ((kvl_writer_t)0) /* other values: translator ids (T(S->M)) */
+
+typedef struct kvl_pool kvl_pool_t;
+typedef struct kvl_line kvl_line_t;
+
+struct kvl_pool_config {
+  struct kvl_kv_layout layout;
+  size_t hot_bytes;   /* hot arena budget: floor(hot_bytes / block bytes) blocks, >= 1 */
+  size_t cold_bytes;  /* host-copy budget (0: no cold tier, eviction drops) */
+};
+
+struct kvl_pool_stats {
+  int32_t hot_blocks, hot_used, hot_cached;   /* capacity, referenced, cached-unreferenced */
+  int32_t cold_blocks, cold_used;
+  uint64_t evicted_to_cold, dropped, restored, cow_copies;
+};
+
+int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out);
+/* Frees the pool; every line must have been freed first (asserted). */
+void kvl_pool_free(kvl_pool_t *p);
+/* The hot arena, as the forward's kvl_kv_view.base. */
+void *kvl_pool_base(kvl_pool_t *p);
+const struct kvl_kv_layout *kvl_pool_layout(const kvl_pool_t *p);
+void kvl_pool_stats(const kvl_pool_t *p, struct kvl_pool_stats *s);
+/* Free hot slots available now, counting cached blocks that could be evicted. */
+int32_t kvl_pool_available(const kvl_pool_t *p);
+/* Sanity checker: every invariant of blocks, lines, lists and the index. Returns 0 or
+ * KVL_EINVAL with a description in err. Costly: tests and debug asserts only. */
+int kvl_pool_check(const kvl_pool_t *p, char *err, size_t errlen);
+
+/* ---- lines ---------------------------------------------------------------------- */
+
+kvl_line_t *kvl_line_new(kvl_pool_t *p);
+/* Release the line's references; its committed blocks stay cached. NULL is fine. */
+void kvl_line_free(kvl_line_t *l);
+/* A new line sharing all of l's blocks (copy on write at the next append). */
+kvl_line_t *kvl_line_fork(const kvl_line_t *l);
+
+kvl_pool_t *kvl_line_pool(const kvl_line_t *l);
+int32_t kvl_line_len(const kvl_line_t *l);
+const int32_t *kvl_line_tokens(const kvl_line_t *l);
+kvl_writer_t kvl_line_writer(const kvl_line_t *l, int32_t pos);
+/* Physical hot block ids, one per started block; valid until the next call that may
+ * move blocks (append, attach, offload, restore, evict). KVL_ASSERTs the line is hot. */
+const int32_t *kvl_line_block_table(const kvl_line_t *l);
+bool kvl_line_is_hot(const kvl_line_t *l);
+
+/* Reserve n positions after the end for tokens written by `writer`: allocates blocks
+ * (evicting cached ones if needed) and copies a shared tail block first. The caller then
+ * fills the positions' K/V (forward or translation). KVL_EFULL when the hot arena cannot
+ * hold them even after eviction: nothing changes then. */
+int kvl_line_append(kvl_line_t *l, const int32_t *tokens, int32_t n, kvl_writer_t writer);
+/* Drop positions >= len (fork at an edited turn). */
+int kvl_line_truncate(kvl_line_t *l, int32_t len);
+
+/* ---- prefix cache ---------------------------------------------------------------- */
+
+enum kvl_reuse {
+  KVL_REUSE_NATIVE_ONLY, /* only blocks whose every position is native */
+  KVL_REUSE_ANY,         /* translated blocks too (cross-model reuse, by policy) */
+};
+
+struct kvl_prefix_hit {
+  int32_t n_tokens;      /* positions now shared from the cache (a multiple of 16) */
+  int32_t n_native;      /* of which written natively */
+  int32_t n_translated;  /* of which translated */
+  int32_t n_restored;    /* blocks brought back from the cold tier */
+};
+
+/* On an empty line: share the longest indexed chain of full blocks matching tokens[0..n)
+ * (preferring, at each block, the native entry). Cold blocks found are restored
+ * (KVL_EFULL if there is no room: the line is left empty). */
+int kvl_line_attach_prefix(kvl_line_t *l, const int32_t *tokens, int32_t n, enum kvl_reuse policy,
+                           struct kvl_prefix_hit *hit);
+/* Index the line's full blocks written so far (call once their K/V is computed). */
+void kvl_line_commit(kvl_line_t *l);
+
+/* Succeeds only when every position in [from, to) is native: the only way to name a
+ * span as a translation source. */
+int kvl_line_native_span(const kvl_line_t *l, int32_t from, int32_t to);
+
+/* ---- tiers ------------------------------------------------------------------------ */
+
+/* Move up to n unreferenced cached hot blocks to the cold tier (LRU first). Returns how
+ * many hot slots were freed. */
+int32_t kvl_pool_evict(kvl_pool_t *p, int32_t n);
+/* Move every block only this line references to the cold tier now (the multi-turn
+ * protocol's "offload the outgoing line"). KVL_EFULL if the cold tier cannot take them. */
+int kvl_line_offload(kvl_line_t *l);
+/* Bring the line's cold blocks back to the hot arena (KVL_EFULL if no room). */
+int kvl_line_restore(kvl_line_t *l);
+
+#endif /* KVL_KVPOOL_H */

@@ -1,0 +1,117 @@
+/* kvl_sched.h — continuous batching over resident models: requests join and leave the
+ * running batch at every step, long prompts are prefilled in chunks under a per-step
+ * token budget so decoding streams keep flowing, shared prefixes come from the prefix
+ * cache, and a full pool preempts (recompute) instead of failing.
+ *
+ *   kvl_sched_t *s;
+ *   kvl_sched_new(&(struct kvl_sched_config){.step_tokens = 512, .max_seqs = 64}, &s);
+ *   int mid;
+ *   kvl_sched_add_model(s, &(struct kvl_sched_model){.name = "qwen2.5-coder-0.5b", .model = m,
+ *                        .backend = kvl_backend_cpu(), .pool = pool_cfg}, &mid, err, sizeof(err));
+ *   struct kvl_request r = {.model = mid, .prompt = ids, .n_prompt = n, .max_tokens = 128,
+ *                           .stop_ids = eog, .n_stop_ids = 2};
+ *   kvl_sampler_params_init(&r.sampling);
+ *   uint64_t id;
+ *   if (kvl_sched_submit(s, &r, on_token, ctx, &id, err, sizeof(err)) < 0) reply_400(err);
+ *   while (!kvl_sched_idle(s)) kvl_sched_step(s);   // the compute thread's loop
+ *
+ * Each step runs, per model with work, one batched forward: first one token for every
+ * request that is decoding, then prefill chunks (running requests first, then new ones
+ * in priority-then-arrival order) until the step's token budget is used. A request's
+ * sequence is prompt ++ generated; positions are computed in order, and logits are taken
+ * at the sequence's last position, so decoding and prefill are the same operation — and
+ * a preempted request (its line freed when the pool is full) resumes by recomputing,
+ * mostly from the prefix cache.
+ *
+ * Callbacks run on the thread calling kvl_sched_step, once per generated token; the last
+ * call has `final` set and carries usage and the finish reason. After the final callback
+ * the scheduler forgets the request.
+ */
+#ifndef KVL_SCHED_H
+#define KVL_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvl_kvpool.h"
+#include "kvl_model.h"
+#include "kvl_sampler.h"
+
+typedef struct kvl_sched kvl_sched_t;
+
+struct kvl_sched_config {
+  int32_t step_tokens;  /* tokens per forward per model (prefill chunking budget); default 512 */
+  int32_t max_seqs;     /* requests per step per model; default 64 */
+};
+
+struct kvl_sched_model {
+  const char *name;
+  kvl_model_t *model;             /* borrowed: outlives the scheduler */
+  kvl_backend_t *backend;
+  struct kvl_pool_config pool;    /* its layout must be the model's (dtype chosen here) */
+  int32_t max_model_len;          /* 0: the model's training context */
+};
+
+enum kvl_finish_reason {
+  KVL_DONE_NONE = 0,
+  KVL_DONE_STOP,       /* a stop id was generated */
+  KVL_DONE_LENGTH,     /* max_tokens or max_model_len reached */
+  KVL_DONE_CANCELLED,  /* kvl_sched_cancel */
+  KVL_DONE_ERROR,      /* sampling failed (every token banned) */
+};
+
+struct kvl_usage {
+  int32_t prompt_tokens;
+  int32_t cached_native;      /* prompt positions reused from the prefix cache, by writer */
+  int32_t cached_translated;
+  int32_t prefilled;          /* prompt positions computed */
+  int32_t generated;
+  int32_t preemptions;        /* times the request lost its line and recomputed */
+};
+
+struct kvl_token_event {
+  int32_t token;              /* -1 on a final event without a token (cancel, error) */
+  int32_t index;              /* 0-based index of the generated token */
+  float logprob;
+  bool final;
+  enum kvl_finish_reason finish;
+  struct kvl_usage usage;
+  double queue_ms;            /* submit -> first scheduled */
+  double ttft_ms;             /* submit -> first token */
+};
+
+typedef void (*kvl_token_cb)(void *ud, uint64_t id, const struct kvl_token_event *ev);
+
+struct kvl_request {
+  int model;                        /* from kvl_sched_add_model */
+  const int32_t *prompt;            /* copied at submit */
+  int32_t n_prompt;
+  int32_t max_tokens;
+  struct kvl_sampler_params sampling;
+  const int32_t *stop_ids;          /* copied; end-of-generation ids */
+  int32_t n_stop_ids;
+  int priority;                     /* larger first; FCFS within a priority */
+  enum kvl_reuse reuse;             /* prefix-cache policy */
+};
+
+int kvl_sched_new(const struct kvl_sched_config *c, kvl_sched_t **out);
+/* Frees the scheduler; pending requests get a final CANCELLED callback first. */
+void kvl_sched_free(kvl_sched_t *s);
+int kvl_sched_add_model(kvl_sched_t *s, const struct kvl_sched_model *m, int *model_id, char *err, size_t errlen);
+kvl_pool_t *kvl_sched_pool(kvl_sched_t *s, int model_id);
+
+/* Queue a request. KVL_EINVAL with a message for anything that can never run: unknown
+ * model, empty prompt, prompt + max_tokens over max_model_len, more KV than the whole
+ * hot pool, invalid sampling values. */
+int kvl_sched_submit(kvl_sched_t *s, const struct kvl_request *r, kvl_token_cb cb, void *ud, uint64_t *id,
+                     char *err, size_t errlen);
+/* Cancel: its blocks are released at once and the final callback (CANCELLED) runs
+ * before this returns. KVL_ENOENT for an unknown or finished id. */
+int kvl_sched_cancel(kvl_sched_t *s, uint64_t id);
+/* One engine step over every model with work. Returns the number of requests still
+ * queued or running, or a negative error (a forward failure). */
+int kvl_sched_step(kvl_sched_t *s);
+bool kvl_sched_idle(const kvl_sched_t *s);
+
+#endif /* KVL_SCHED_H */

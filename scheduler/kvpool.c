@@ -1,0 +1,715 @@
+/* kvpool.c — the paged KV pool: block handles, hot/cold slots, lines with provenance,
+ * the provenance-aware prefix index, and the sanity checker. See kvl_kvpool.h. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvl_error.h"
+#include "kvl_kvpool.h"
+
+#define BLK KVL_KV_BLOCK
+#define NONE (-1)
+
+/* A block handle: the identity of 16 positions' K/V, wherever the data is. */
+struct blk {
+  bool used;                  /* handle allocated */
+  int32_t refs;               /* lines holding it */
+  int32_t hot, cold;          /* slot in the hot arena / cold tier, or NONE (exclusive) */
+  bool indexed;               /* in the prefix index: full, committed, never written again */
+  uint64_t key;               /* chain key: H(parent key, tokens, writers) (when indexed) */
+  uint64_t parent;            /* the parent's chain key (when indexed) */
+  int32_t tokens[BLK];        /* content description, for exact index matches */
+  kvl_writer_t writers[BLK];
+  int32_t prev, next;         /* LRU links (cached blocks: refs == 0 && indexed) */
+};
+
+struct lru { int32_t head, tail, n; }; /* head = least recently used */
+
+struct run { int32_t start, len; kvl_writer_t w; };
+
+struct kvl_line {
+  kvl_pool_t *p;
+  int32_t len;
+  int32_t *tok;         /* [cap_tok] */
+  int32_t cap_tok;
+  struct run *runs;     /* writer runs, in order, covering 0..len */
+  int32_t n_runs, cap_runs;
+  int32_t *blocks;      /* handles, one per started block */
+  int32_t *table;       /* their hot slots (valid when the line is hot) */
+  int32_t n_blocks, cap_blocks;
+  kvl_line_t *prev, *next; /* the pool's list of lines (for the checker) */
+};
+
+struct ientry { uint64_t bucket; int32_t h; }; /* h: handle, NONE = empty, -2 = deleted */
+
+struct kvl_pool {
+  struct kvl_kv_layout layout;
+  size_t bb;                      /* bytes per block */
+  uint8_t *hot_mem, *cold_mem;
+  int32_t n_hot, n_cold;
+  int32_t *hot_owner, *cold_owner; /* slot -> handle or NONE */
+  int32_t *hot_free, *cold_free;   /* stacks of free slots */
+  int32_t n_hot_free, n_cold_free;
+  struct blk *blk;
+  int32_t n_blk, cap_blk;
+  int32_t *blk_free;
+  int32_t n_blk_free;
+  struct lru hot_lru, cold_lru;
+  struct ientry *idx;
+  size_t idx_cap, idx_used;       /* used counts deleted entries too */
+  kvl_line_t *lines;
+  int32_t n_lines;
+  struct kvl_pool_stats st;
+};
+
+/* ---- hashing --------------------------------------------------------------------- */
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h *= 0xff51afd7ed558ccdull;
+  return h ^ (h >> 29);
+}
+
+/* Index bucket: parent chain key + tokens (writers are not part of it, so a lookup finds
+ * the native and translated variants of the same tokens together). */
+static uint64_t bucket_of(uint64_t parent, const int32_t *tok) {
+  uint64_t h = mix(0x6b766c696e676f31ull, parent);
+  for (int i = 0; i < BLK; i++) h = mix(h, (uint32_t)tok[i]);
+  return h | 1; /* never 0 */
+}
+
+/* Chain key: the bucket plus the writers (provenance is part of a block's identity). */
+static uint64_t key_of(uint64_t parent, const int32_t *tok, const kvl_writer_t *w) {
+  uint64_t h = bucket_of(parent, tok);
+  for (int i = 0; i < BLK; i++) h = mix(h, w[i]);
+  return h | 1;
+}
+
+static const uint64_t ROOT_KEY = 0x726f6f74ull; /* parent of a line's first block */
+
+/* ---- small helpers ----------------------------------------------------------------- */
+
+static int fmt_err(char *err, size_t errlen, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return KVL_EINVAL;
+}
+
+static void *grow(void *p, int32_t *cap, int32_t need, size_t elem) {
+  if (need <= *cap) return p;
+  int32_t nc = *cap ? *cap : 8;
+  while (nc < need) nc *= 2;
+  void *q = realloc(p, (size_t)nc * elem);
+  if (q) *cap = nc;
+  return q;
+}
+
+static void lru_remove(kvl_pool_t *p, struct lru *l, int32_t h) {
+  struct blk *b = &p->blk[h];
+  if (b->prev != NONE) p->blk[b->prev].next = b->next; else l->head = b->next;
+  if (b->next != NONE) p->blk[b->next].prev = b->prev; else l->tail = b->prev;
+  b->prev = b->next = NONE;
+  l->n--;
+}
+
+static void lru_push(kvl_pool_t *p, struct lru *l, int32_t h) { /* most recently used end */
+  struct blk *b = &p->blk[h];
+  b->prev = l->tail;
+  b->next = NONE;
+  if (l->tail != NONE) p->blk[l->tail].next = h; else l->head = h;
+  l->tail = h;
+  l->n++;
+}
+
+static struct lru *lru_of(kvl_pool_t *p, const struct blk *b) { return b->hot != NONE ? &p->hot_lru : &p->cold_lru; }
+
+/* ---- the index (open addressing multimap on bucket) ---------------------------------- */
+
+static int idx_rebuild(kvl_pool_t *p, size_t cap) {
+  struct ientry *old = p->idx;
+  size_t oc = p->idx_cap;
+  p->idx = malloc(cap * sizeof(*p->idx));
+  if (!p->idx) { p->idx = old; return KVL_ENOMEM; }
+  for (size_t i = 0; i < cap; i++) p->idx[i] = (struct ientry){0, NONE};
+  p->idx_cap = cap;
+  p->idx_used = 0;
+  for (size_t i = 0; i < oc; i++)
+    if (old[i].h >= 0) {
+      size_t j = old[i].bucket & (cap - 1);
+      while (p->idx[j].h != NONE) j = (j + 1) & (cap - 1);
+      p->idx[j] = old[i];
+      p->idx_used++;
+    }
+  free(old);
+  return 0;
+}
+
+static int idx_insert(kvl_pool_t *p, int32_t h) {
+  if ((p->idx_used + 1) * 10 > p->idx_cap * 7) {
+    int rc = idx_rebuild(p, p->idx_cap * 2);
+    if (rc) return rc;
+  }
+  uint64_t bk = bucket_of(p->blk[h].parent, p->blk[h].tokens);
+  size_t j = bk & (p->idx_cap - 1);
+  while (p->idx[j].h >= 0) j = (j + 1) & (p->idx_cap - 1);
+  if (p->idx[j].h == NONE) p->idx_used++;
+  p->idx[j] = (struct ientry){bk, h};
+  return 0;
+}
+
+static void idx_delete(kvl_pool_t *p, int32_t h) {
+  uint64_t bk = bucket_of(p->blk[h].parent, p->blk[h].tokens);
+  for (size_t j = bk & (p->idx_cap - 1); p->idx[j].h != NONE; j = (j + 1) & (p->idx_cap - 1))
+    if (p->idx[j].h == h) { p->idx[j].h = -2; return; }
+  KVL_ASSERT(!"indexed block missing from the index");
+}
+
+/* The indexed block continuing `parent` with these tokens: the native variant if there is
+ * one, else (policy ANY) the first translated one. */
+static int32_t idx_find(const kvl_pool_t *p, uint64_t parent, const int32_t *tok, enum kvl_reuse policy) {
+  uint64_t bk = bucket_of(parent, tok);
+  int32_t translated = NONE;
+  for (size_t j = bk & (p->idx_cap - 1); p->idx[j].h != NONE; j = (j + 1) & (p->idx_cap - 1)) {
+    int32_t h = p->idx[j].h;
+    if (h < 0 || p->idx[j].bucket != bk) continue;
+    const struct blk *b = &p->blk[h];
+    if (b->parent != parent || memcmp(b->tokens, tok, sizeof(b->tokens))) continue;
+    bool native = true;
+    for (int i = 0; i < BLK; i++) native &= b->writers[i] == KVL_WRITER_NATIVE;
+    if (native) return h;
+    if (translated == NONE) translated = h;
+  }
+  return policy == KVL_REUSE_ANY ? translated : NONE;
+}
+
+/* ---- handles and slots ---------------------------------------------------------------- */
+
+static int32_t blk_new(kvl_pool_t *p) {
+  int32_t h;
+  if (p->n_blk_free) {
+    h = p->blk_free[--p->n_blk_free];
+  } else {
+    struct blk *nb = grow(p->blk, &p->cap_blk, p->n_blk + 1, sizeof(*p->blk));
+    if (!nb) return KVL_ENOMEM;
+    p->blk = nb;
+    int32_t *nf = realloc(p->blk_free, (size_t)p->cap_blk * sizeof(int32_t));
+    if (!nf) return KVL_ENOMEM;
+    p->blk_free = nf;
+    h = p->n_blk++;
+  }
+  p->blk[h] = (struct blk){.used = true, .hot = NONE, .cold = NONE, .prev = NONE, .next = NONE};
+  return h;
+}
+
+/* Forget a handle entirely: its slots are freed and it leaves the index. */
+static void blk_drop(kvl_pool_t *p, int32_t h) {
+  struct blk *b = &p->blk[h];
+  KVL_ASSERT(b->used && b->refs == 0);
+  if (b->indexed) idx_delete(p, h);
+  if (b->hot != NONE) { p->hot_owner[b->hot] = NONE; p->hot_free[p->n_hot_free++] = b->hot; }
+  if (b->cold != NONE) { p->cold_owner[b->cold] = NONE; p->cold_free[p->n_cold_free++] = b->cold; }
+  b->used = false;
+  p->blk_free[p->n_blk_free++] = h;
+}
+
+static uint8_t *hot_data(kvl_pool_t *p, int32_t slot) { return p->hot_mem + (size_t)slot * p->bb; }
+static uint8_t *cold_data(kvl_pool_t *p, int32_t slot) { return p->cold_mem + (size_t)slot * p->bb; }
+
+/* A free cold slot, dropping the least recently used cold cached block if needed. */
+static int32_t cold_slot(kvl_pool_t *p) {
+  if (p->n_cold_free) return p->cold_free[--p->n_cold_free];
+  if (p->cold_lru.head == NONE) return NONE;
+  int32_t victim = p->cold_lru.head;
+  lru_remove(p, &p->cold_lru, victim);
+  blk_drop(p, victim);
+  p->st.dropped++;
+  return p->cold_free[--p->n_cold_free];
+}
+
+/* Move a hot block to the cold tier (or drop it when it is cached and no cold room). */
+static int to_cold(kvl_pool_t *p, int32_t h, bool may_drop) {
+  struct blk *b = &p->blk[h];
+  int32_t c = cold_slot(p);
+  if (c == NONE) {
+    if (!may_drop) return KVL_EFULL;
+    blk_drop(p, h);
+    p->st.dropped++;
+    return 0;
+  }
+  memcpy(cold_data(p, c), hot_data(p, b->hot), p->bb);
+  p->cold_owner[c] = h;
+  p->hot_owner[b->hot] = NONE;
+  p->hot_free[p->n_hot_free++] = b->hot;
+  b->hot = NONE;
+  b->cold = c;
+  p->st.evicted_to_cold++;
+  return 0;
+}
+
+/* A free hot slot, evicting the least recently used cached hot block if needed. */
+static int32_t hot_slot(kvl_pool_t *p) {
+  if (!p->n_hot_free) {
+    if (p->hot_lru.head == NONE) return NONE;
+    int32_t victim = p->hot_lru.head;
+    lru_remove(p, &p->hot_lru, victim);
+    to_cold(p, victim, true);
+    if (p->blk[victim].used) lru_push(p, &p->cold_lru, victim);
+  }
+  return p->hot_free[--p->n_hot_free];
+}
+
+/* Bring a cold block back (the caller made sure a hot slot can be had). */
+static int restore_blk(kvl_pool_t *p, int32_t h) {
+  struct blk *b = &p->blk[h];
+  int32_t s = hot_slot(p);
+  if (s == NONE) return KVL_EFULL;
+  memcpy(hot_data(p, s), cold_data(p, b->cold), p->bb);
+  p->hot_owner[s] = h;
+  p->cold_owner[b->cold] = NONE;
+  p->cold_free[p->n_cold_free++] = b->cold;
+  b->cold = NONE;
+  b->hot = s;
+  p->st.restored++;
+  return 0;
+}
+
+static void ref(kvl_pool_t *p, int32_t h) {
+  struct blk *b = &p->blk[h];
+  if (b->refs++ == 0 && b->indexed) lru_remove(p, lru_of(p, b), h);
+}
+
+static void unref(kvl_pool_t *p, int32_t h) {
+  struct blk *b = &p->blk[h];
+  KVL_ASSERT(b->refs > 0);
+  if (--b->refs) return;
+  if (b->indexed) lru_push(p, lru_of(p, b), h); /* cached: evictable, findable */
+  else blk_drop(p, h);
+}
+
+/* ---- pool ------------------------------------------------------------------------------ */
+
+int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out) {
+  *out = NULL;
+  kvl_pool_t *p = calloc(1, sizeof(*p));
+  if (!p) return KVL_ENOMEM;
+  p->layout = c->layout;
+  p->bb = kvl_kv_block_bytes(&c->layout);
+  if (p->bb == 0) { free(p); return KVL_EINVAL; }
+  size_t nh = c->hot_bytes / p->bb, nc = c->cold_bytes / p->bb;
+  if (nh < 1 || nh > INT32_MAX / 2 || nc > INT32_MAX / 2) { free(p); return KVL_EINVAL; }
+  p->n_hot = (int32_t)nh;
+  p->n_cold = (int32_t)nc;
+  p->hot_mem = calloc(nh, p->bb);
+  p->cold_mem = nc ? malloc(nc * p->bb) : NULL;
+  p->hot_owner = malloc(nh * sizeof(int32_t));
+  p->hot_free = malloc(nh * sizeof(int32_t));
+  p->cold_owner = malloc((nc + 1) * sizeof(int32_t));
+  p->cold_free = malloc((nc + 1) * sizeof(int32_t));
+  if (!p->hot_mem || (nc && !p->cold_mem) || !p->hot_owner || !p->hot_free || !p->cold_owner || !p->cold_free ||
+      idx_rebuild(p, 64) < 0) {
+    kvl_pool_free(p);
+    return KVL_ENOMEM;
+  }
+  for (int32_t i = 0; i < p->n_hot; i++) { p->hot_owner[i] = NONE; p->hot_free[i] = p->n_hot - 1 - i; }
+  for (int32_t i = 0; i < p->n_cold; i++) { p->cold_owner[i] = NONE; p->cold_free[i] = p->n_cold - 1 - i; }
+  p->n_hot_free = p->n_hot;
+  p->n_cold_free = p->n_cold;
+  p->hot_lru = p->cold_lru = (struct lru){NONE, NONE, 0};
+  *out = p;
+  return 0;
+}
+
+void kvl_pool_free(kvl_pool_t *p) {
+  if (!p) return;
+  KVL_ASSERT(p->n_lines == 0);
+  free(p->hot_mem);
+  free(p->cold_mem);
+  free(p->hot_owner);
+  free(p->hot_free);
+  free(p->cold_owner);
+  free(p->cold_free);
+  free(p->blk);
+  free(p->blk_free);
+  free(p->idx);
+  free(p);
+}
+
+void *kvl_pool_base(kvl_pool_t *p) { return p->hot_mem; }
+const struct kvl_kv_layout *kvl_pool_layout(const kvl_pool_t *p) { return &p->layout; }
+int32_t kvl_pool_available(const kvl_pool_t *p) { return p->n_hot_free + p->hot_lru.n; }
+
+void kvl_pool_stats(const kvl_pool_t *p, struct kvl_pool_stats *s) {
+  *s = p->st;
+  s->hot_blocks = p->n_hot;
+  s->hot_cached = p->hot_lru.n;
+  s->hot_used = p->n_hot - p->n_hot_free - p->hot_lru.n;
+  s->cold_blocks = p->n_cold;
+  s->cold_used = p->n_cold - p->n_cold_free;
+}
+
+int32_t kvl_pool_evict(kvl_pool_t *p, int32_t n) {
+  int32_t freed = 0;
+  while (freed < n && p->hot_lru.head != NONE) {
+    int32_t victim = p->hot_lru.head;
+    lru_remove(p, &p->hot_lru, victim);
+    to_cold(p, victim, true);
+    if (p->blk[victim].used) lru_push(p, &p->cold_lru, victim);
+    freed++;
+  }
+  return freed;
+}
+
+/* ---- lines ------------------------------------------------------------------------------ */
+
+kvl_line_t *kvl_line_new(kvl_pool_t *p) {
+  kvl_line_t *l = calloc(1, sizeof(*l));
+  if (!l) return NULL;
+  l->p = p;
+  l->next = p->lines;
+  if (p->lines) p->lines->prev = l;
+  p->lines = l;
+  p->n_lines++;
+  return l;
+}
+
+void kvl_line_free(kvl_line_t *l) {
+  if (!l) return;
+  kvl_pool_t *p = l->p;
+  for (int32_t i = l->n_blocks - 1; i >= 0; i--) unref(p, l->blocks[i]); /* tail first: LRU keeps prefixes longest */
+  if (l->prev) l->prev->next = l->next; else p->lines = l->next;
+  if (l->next) l->next->prev = l->prev;
+  p->n_lines--;
+  free(l->tok);
+  free(l->runs);
+  free(l->blocks);
+  free(l->table);
+  free(l);
+}
+
+static int line_reserve(kvl_line_t *l, int32_t len, int32_t n_blocks) {
+  if (len < 1) len = 1; /* keep the arrays allocated: NULL means out of memory below */
+  if (n_blocks < 1) n_blocks = 1;
+  int32_t *t = grow(l->tok, &l->cap_tok, len, sizeof(int32_t));
+  if (!t) return KVL_ENOMEM;
+  l->tok = t;
+  int32_t cap = l->cap_blocks;
+  int32_t *b = grow(l->blocks, &cap, n_blocks, sizeof(int32_t));
+  if (!b) return KVL_ENOMEM;
+  l->blocks = b;
+  if (cap != l->cap_blocks) {
+    int32_t *tb = realloc(l->table, (size_t)cap * sizeof(int32_t));
+    if (!tb) return KVL_ENOMEM;
+    l->table = tb;
+    l->cap_blocks = cap;
+  }
+  return 0;
+}
+
+static int add_run(kvl_line_t *l, int32_t start, int32_t len, kvl_writer_t w) {
+  if (len == 0) return 0;
+  if (l->n_runs && l->runs[l->n_runs - 1].w == w && l->runs[l->n_runs - 1].start + l->runs[l->n_runs - 1].len == start) {
+    l->runs[l->n_runs - 1].len += len;
+    return 0;
+  }
+  struct run *r = grow(l->runs, &l->cap_runs, l->n_runs + 1, sizeof(*l->runs));
+  if (!r) return KVL_ENOMEM;
+  l->runs = r;
+  l->runs[l->n_runs++] = (struct run){start, len, w};
+  return 0;
+}
+
+kvl_line_t *kvl_line_fork(const kvl_line_t *src) {
+  kvl_line_t *l = kvl_line_new(src->p);
+  if (!l) return NULL;
+  if (line_reserve(l, src->len, src->n_blocks) < 0) { kvl_line_free(l); return NULL; }
+  for (int32_t i = 0; i < src->n_runs; i++)
+    if (add_run(l, src->runs[i].start, src->runs[i].len, src->runs[i].w) < 0) { kvl_line_free(l); return NULL; }
+  memcpy(l->tok, src->tok, (size_t)src->len * sizeof(int32_t));
+  l->len = src->len;
+  for (int32_t i = 0; i < src->n_blocks; i++) {
+    l->blocks[i] = src->blocks[i];
+    l->table[i] = src->table[i];
+    ref(src->p, src->blocks[i]);
+  }
+  l->n_blocks = src->n_blocks;
+  return l;
+}
+
+kvl_pool_t *kvl_line_pool(const kvl_line_t *l) { return l->p; }
+int32_t kvl_line_len(const kvl_line_t *l) { return l->len; }
+const int32_t *kvl_line_tokens(const kvl_line_t *l) { return l->tok; }
+
+kvl_writer_t kvl_line_writer(const kvl_line_t *l, int32_t pos) {
+  KVL_ASSERT(pos >= 0 && pos < l->len);
+  for (int32_t i = 0; i < l->n_runs; i++)
+    if (pos < l->runs[i].start + l->runs[i].len) return l->runs[i].w;
+  KVL_ASSERT(!"position outside the writer runs");
+  return KVL_WRITER_NATIVE;
+}
+
+bool kvl_line_is_hot(const kvl_line_t *l) {
+  for (int32_t i = 0; i < l->n_blocks; i++)
+    if (l->p->blk[l->blocks[i]].hot == NONE) return false;
+  return true;
+}
+
+const int32_t *kvl_line_block_table(const kvl_line_t *l) {
+  for (int32_t i = 0; i < l->n_blocks; i++) {
+    int32_t s = l->p->blk[l->blocks[i]].hot;
+    KVL_ASSERT(s != NONE); /* restore the line before computing on it */
+    l->table[i] = s;
+  }
+  return l->table;
+}
+
+/* Fill a block's content description from the line (positions bi*16 ..). */
+static void describe(const kvl_line_t *l, int32_t bi, struct blk *b) {
+  for (int i = 0; i < BLK; i++) {
+    int32_t pos = bi * BLK + i;
+    b->tokens[i] = pos < l->len ? l->tok[pos] : -1;
+    b->writers[i] = pos < l->len ? kvl_line_writer(l, pos) : KVL_WRITER_NATIVE;
+  }
+}
+
+int kvl_line_append(kvl_line_t *l, const int32_t *tokens, int32_t n, kvl_writer_t writer) {
+  kvl_pool_t *p = l->p;
+  if (n < 0) return KVL_EINVAL;
+  if (n == 0) return 0;
+  KVL_ASSERT(kvl_line_is_hot(l));
+  int32_t new_len = l->len + n, need_blocks = (new_len + BLK - 1) / BLK;
+  bool cow = false;
+  if (l->len % BLK) {
+    struct blk *tail = &p->blk[l->blocks[l->n_blocks - 1]];
+    cow = tail->refs > 1 || tail->indexed; /* shared, or findable by others: never written */
+  }
+  int32_t want = need_blocks - l->n_blocks + (cow ? 1 : 0);
+  if (want > kvl_pool_available(p)) return KVL_EFULL;
+  int rc = line_reserve(l, new_len, need_blocks);
+  if (rc < 0) return rc;
+  struct run *runs = grow(l->runs, &l->cap_runs, l->n_runs + 1, sizeof(*l->runs));
+  if (!runs) return KVL_ENOMEM;
+  l->runs = runs;
+  if (cow) {
+    int32_t old = l->blocks[l->n_blocks - 1], h = blk_new(p);
+    if (h < 0) return h;
+    int32_t s = hot_slot(p);
+    KVL_ASSERT(s != NONE);
+    struct blk *b = &p->blk[h];
+    b->hot = s;
+    b->refs = 1;
+    p->hot_owner[s] = h;
+    memcpy(hot_data(p, s), hot_data(p, p->blk[old].hot), p->bb);
+    l->blocks[l->n_blocks - 1] = h;
+    unref(p, old);
+    p->st.cow_copies++;
+  }
+  while (l->n_blocks < need_blocks) {
+    int32_t h = blk_new(p);
+    if (h < 0) return h;
+    int32_t s = hot_slot(p);
+    KVL_ASSERT(s != NONE);
+    p->blk[h].hot = s;
+    p->blk[h].refs = 1;
+    p->hot_owner[s] = h;
+    l->blocks[l->n_blocks++] = h;
+  }
+  memcpy(l->tok + l->len, tokens, (size_t)n * sizeof(int32_t));
+  rc = add_run(l, l->len, n, writer);
+  KVL_ASSERT(rc == 0); /* capacity reserved above */
+  l->len = new_len;
+  return 0;
+}
+
+int kvl_line_truncate(kvl_line_t *l, int32_t len) {
+  if (len < 0 || len > l->len) return KVL_EINVAL;
+  int32_t keep = (len + BLK - 1) / BLK;
+  while (l->n_blocks > keep) unref(l->p, l->blocks[--l->n_blocks]);
+  while (l->n_runs && l->runs[l->n_runs - 1].start >= len) l->n_runs--;
+  if (l->n_runs && l->runs[l->n_runs - 1].start + l->runs[l->n_runs - 1].len > len)
+    l->runs[l->n_runs - 1].len = len - l->runs[l->n_runs - 1].start;
+  l->len = len;
+  return 0;
+}
+
+void kvl_line_commit(kvl_line_t *l) {
+  kvl_pool_t *p = l->p;
+  uint64_t parent = ROOT_KEY;
+  for (int32_t bi = 0; bi < l->len / BLK; bi++) {
+    int32_t h = l->blocks[bi];
+    struct blk *b = &p->blk[h];
+    if (b->indexed) { parent = b->key; continue; }
+    describe(l, bi, b);
+    b->parent = parent;
+    b->key = key_of(parent, b->tokens, b->writers);
+    /* an identical block (same tokens, same writers) indexed by someone else wins; ours
+     * stays private and is freed with its last line */
+    bool dup = false;
+    uint64_t bk = bucket_of(parent, b->tokens);
+    for (size_t j = bk & (p->idx_cap - 1); p->idx[j].h != NONE; j = (j + 1) & (p->idx_cap - 1))
+      if (p->idx[j].h >= 0 && p->blk[p->idx[j].h].key == b->key) { dup = true; break; }
+    if (!dup && idx_insert(p, h) == 0) b->indexed = true;
+    parent = b->key;
+  }
+}
+
+int kvl_line_attach_prefix(kvl_line_t *l, const int32_t *tokens, int32_t n, enum kvl_reuse policy,
+                           struct kvl_prefix_hit *hit) {
+  kvl_pool_t *p = l->p;
+  *hit = (struct kvl_prefix_hit){0};
+  KVL_ASSERT(l->len == 0 && l->n_blocks == 0);
+  int32_t nb = n / BLK, found = 0;
+  int rc = line_reserve(l, nb * BLK, nb);
+  if (rc < 0) return rc;
+  uint64_t parent = ROOT_KEY;
+  for (; found < nb; found++) {
+    int32_t h = idx_find(p, parent, tokens + found * BLK, policy);
+    if (h == NONE) break;
+    ref(p, h); /* pinned: no longer evictable while we restore others */
+    l->blocks[found] = h;
+    parent = p->blk[h].key;
+  }
+  int32_t cold = 0;
+  for (int32_t i = 0; i < found; i++) cold += p->blk[l->blocks[i]].hot == NONE;
+  if (cold > kvl_pool_available(p)) {
+    for (int32_t i = found - 1; i >= 0; i--) unref(p, l->blocks[i]);
+    return KVL_EFULL;
+  }
+  for (int32_t i = 0; i < found; i++)
+    if (p->blk[l->blocks[i]].hot == NONE) {
+      rc = restore_blk(p, l->blocks[i]);
+      KVL_ASSERT(rc == 0);
+      hit->n_restored++;
+    }
+  l->n_blocks = found;
+  for (int32_t i = 0; i < found; i++) {
+    const struct blk *b = &p->blk[l->blocks[i]];
+    for (int j = 0; j < BLK; j++) {
+      l->tok[i * BLK + j] = b->tokens[j];
+      if (add_run(l, i * BLK + j, 1, b->writers[j]) < 0) return KVL_ENOMEM;
+      if (b->writers[j] == KVL_WRITER_NATIVE) hit->n_native++; else hit->n_translated++;
+    }
+  }
+  l->len = found * BLK;
+  hit->n_tokens = l->len;
+  return 0;
+}
+
+int kvl_line_native_span(const kvl_line_t *l, int32_t from, int32_t to) {
+  if (from < 0 || to > l->len || from > to) return KVL_EINVAL;
+  for (int32_t i = 0; i < l->n_runs; i++) {
+    const struct run *r = &l->runs[i];
+    if (r->start < to && r->start + r->len > from && r->w != KVL_WRITER_NATIVE) return KVL_EINVAL;
+  }
+  return 0;
+}
+
+int kvl_line_offload(kvl_line_t *l) {
+  kvl_pool_t *p = l->p;
+  int32_t need = 0;
+  for (int32_t i = 0; i < l->n_blocks; i++) {
+    const struct blk *b = &p->blk[l->blocks[i]];
+    need += b->refs == 1 && b->hot != NONE;
+  }
+  if (need > p->n_cold_free + p->cold_lru.n) return KVL_EFULL;
+  for (int32_t i = 0; i < l->n_blocks; i++) {
+    int32_t h = l->blocks[i];
+    if (p->blk[h].refs == 1 && p->blk[h].hot != NONE) {
+      int rc = to_cold(p, h, false);
+      KVL_ASSERT(rc == 0);
+    }
+  }
+  return 0;
+}
+
+int kvl_line_restore(kvl_line_t *l) {
+  kvl_pool_t *p = l->p;
+  int32_t need = 0;
+  for (int32_t i = 0; i < l->n_blocks; i++) need += p->blk[l->blocks[i]].hot == NONE;
+  if (need > kvl_pool_available(p)) return KVL_EFULL;
+  for (int32_t i = 0; i < l->n_blocks; i++)
+    if (p->blk[l->blocks[i]].hot == NONE) {
+      int rc = restore_blk(p, l->blocks[i]);
+      KVL_ASSERT(rc == 0);
+    }
+  return 0;
+}
+
+/* ---- sanity checker ------------------------------------------------------------------------ */
+
+int kvl_pool_check(const kvl_pool_t *p, char *err, size_t errlen) {
+  int32_t *refs = calloc((size_t)p->n_blk + 1, sizeof(int32_t));
+  int rc = 0;
+  if (!refs) return KVL_ENOMEM;
+  int32_t n_lines = 0;
+  for (const kvl_line_t *l = p->lines; l; l = l->next, n_lines++) {
+    if (l->n_blocks != (l->len + BLK - 1) / BLK) { rc = fmt_err(err, errlen, "line has %d blocks for %d positions", l->n_blocks, l->len); goto out; }
+    int32_t covered = 0;
+    for (int32_t i = 0; i < l->n_runs; i++) {
+      if (l->runs[i].start != covered || l->runs[i].len <= 0) { rc = fmt_err(err, errlen, "writer runs not contiguous at %d", covered); goto out; }
+      covered += l->runs[i].len;
+    }
+    if (covered != l->len) { rc = fmt_err(err, errlen, "writer runs cover %d of %d positions", covered, l->len); goto out; }
+    for (int32_t i = 0; i < l->n_blocks; i++) {
+      int32_t h = l->blocks[i];
+      if (h < 0 || h >= p->n_blk || !p->blk[h].used) { rc = fmt_err(err, errlen, "line holds a dead block handle %d", h); goto out; }
+      refs[h]++;
+      const struct blk *b = &p->blk[h];
+      if (b->indexed) /* an indexed block's content is what the line says it holds */
+        for (int j = 0; j < BLK; j++) {
+          int32_t pos = i * BLK + j;
+          if (pos < l->len && (b->tokens[j] != l->tok[pos] || b->writers[j] != kvl_line_writer(l, pos))) {
+            rc = fmt_err(err, errlen, "line position %d disagrees with its indexed block", pos);
+            goto out;
+          }
+        }
+    }
+  }
+  if (n_lines != p->n_lines) { rc = fmt_err(err, errlen, "%d lines listed, %d counted", n_lines, p->n_lines); goto out; }
+  int32_t hot_in_use = 0, cold_in_use = 0, on_hot_lru = 0, on_cold_lru = 0, indexed = 0;
+  for (int32_t h = 0; h < p->n_blk; h++) {
+    const struct blk *b = &p->blk[h];
+    if (!b->used) continue;
+    if (b->refs != refs[h]) { rc = fmt_err(err, errlen, "block %d: refcount %d but %d references", h, b->refs, refs[h]); goto out; }
+    if ((b->hot == NONE) == (b->cold == NONE)) { rc = fmt_err(err, errlen, "block %d is in %s tier", h, b->hot == NONE ? "no" : "both"); goto out; }
+    if (b->hot != NONE && p->hot_owner[b->hot] != h) { rc = fmt_err(err, errlen, "hot slot %d not owned by block %d", b->hot, h); goto out; }
+    if (b->cold != NONE && p->cold_owner[b->cold] != h) { rc = fmt_err(err, errlen, "cold slot %d not owned by block %d", b->cold, h); goto out; }
+    if (b->refs == 0 && !b->indexed) { rc = fmt_err(err, errlen, "block %d is unreferenced and unindexed (leaked)", h); goto out; }
+    hot_in_use += b->hot != NONE;
+    cold_in_use += b->cold != NONE;
+    indexed += b->indexed;
+    if (b->indexed && b->key != key_of(b->parent, b->tokens, b->writers)) { rc = fmt_err(err, errlen, "block %d: key does not match content", h); goto out; }
+  }
+  for (int32_t h = p->hot_lru.head, prev = NONE; h != NONE; prev = h, h = p->blk[h].next, on_hot_lru++)
+    if (p->blk[h].prev != prev || p->blk[h].refs || p->blk[h].hot == NONE || !p->blk[h].indexed) { rc = fmt_err(err, errlen, "hot LRU corrupt at block %d", h); goto out; }
+  for (int32_t h = p->cold_lru.head, prev = NONE; h != NONE; prev = h, h = p->blk[h].next, on_cold_lru++)
+    if (p->blk[h].prev != prev || p->blk[h].refs || p->blk[h].cold == NONE || !p->blk[h].indexed) { rc = fmt_err(err, errlen, "cold LRU corrupt at block %d", h); goto out; }
+  if (on_hot_lru != p->hot_lru.n || on_cold_lru != p->cold_lru.n) { rc = fmt_err(err, errlen, "LRU counts wrong"); goto out; }
+  int32_t cached = 0;
+  for (int32_t h = 0; h < p->n_blk; h++) cached += p->blk[h].used && p->blk[h].refs == 0;
+  if (cached != on_hot_lru + on_cold_lru) { rc = fmt_err(err, errlen, "%d cached blocks, %d on LRU lists", cached, on_hot_lru + on_cold_lru); goto out; }
+  if (hot_in_use + p->n_hot_free != p->n_hot) { rc = fmt_err(err, errlen, "hot slots: %d used + %d free != %d", hot_in_use, p->n_hot_free, p->n_hot); goto out; }
+  if (cold_in_use + p->n_cold_free != p->n_cold) { rc = fmt_err(err, errlen, "cold slots: %d used + %d free != %d", cold_in_use, p->n_cold_free, p->n_cold); goto out; }
+  for (int32_t i = 0; i < p->n_hot_free; i++)
+    if (p->hot_owner[p->hot_free[i]] != NONE) { rc = fmt_err(err, errlen, "free hot slot %d is owned", p->hot_free[i]); goto out; }
+  for (int32_t i = 0; i < p->n_cold_free; i++)
+    if (p->cold_owner[p->cold_free[i]] != NONE) { rc = fmt_err(err, errlen, "free cold slot %d is owned", p->cold_free[i]); goto out; }
+  int32_t in_index = 0;
+  for (size_t j = 0; j < p->idx_cap; j++) {
+    int32_t h = p->idx[j].h;
+    if (h < 0) continue;
+    in_index++;
+    if (!p->blk[h].used || !p->blk[h].indexed || p->idx[j].bucket != bucket_of(p->blk[h].parent, p->blk[h].tokens)) {
+      rc = fmt_err(err, errlen, "index entry %zu is stale (block %d)", j, h);
+      goto out;
+    }
+  }
+  if (in_index != indexed) rc = fmt_err(err, errlen, "%d indexed blocks, %d index entries", indexed, in_index);
+out:
+  free(refs);
+  return rc;
+}

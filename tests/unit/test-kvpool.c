@@ -1,0 +1,310 @@
+/* test-kvpool.c — the KV pool's invariants: sharing, provenance-aware prefix lookup,
+ * copy on write, eviction to the cold tier and back, offload/restore bit-exactness,
+ * clean refusal when full, and a randomized stress run with the sanity checker after
+ * every operation and every line's data verified. */
+#include "../kvl_test.h"
+#include "kvl_error.h"
+#include "kvl_kvpool.h"
+
+static const struct kvl_kv_layout LAYOUT = {2, 2, 8, KVL_KV_F32}; /* 2 layers, kvw 16 */
+
+static kvl_pool_t *pool(int hot_blocks, int cold_blocks) {
+  struct kvl_pool_config c = {LAYOUT, 0, 0};
+  size_t bb = kvl_kv_block_bytes(&LAYOUT);
+  c.hot_bytes = (size_t)hot_blocks * bb;
+  c.cold_bytes = (size_t)cold_blocks * bb;
+  kvl_pool_t *p;
+  KVL_ASSERT(kvl_pool_new(&c, &p) == 0);
+  return p;
+}
+
+static void check(const kvl_pool_t *p) {
+  char err[256];
+  int rc = kvl_pool_check(p, err, sizeof(err));
+  if (rc) fprintf(stderr, "pool check: %s\n", err);
+  CHECK_EQ_INT(rc, 0);
+}
+
+/* What a "forward" writes at a position: a function of the tokens up to it, the
+ * position, the writer and the layer (so shared prefixes hold identical data). */
+static float value(const int32_t *tok, int32_t pos, kvl_writer_t w, int layer, int i, int kv) {
+  uint64_t h = 1469598103934665603ull ^ (uint64_t)w * 7919u ^ (uint64_t)layer * 104729u;
+  for (int32_t j = 0; j <= pos; j++) h = (h ^ (uint32_t)tok[j]) * 1099511628211ull;
+  h = (h ^ (uint64_t)(i * 2 + kv)) * 1099511628211ull;
+  return (float)(h >> 40) / 16777216.0f;
+}
+
+static void *base_of(const kvl_line_t *l) { return kvl_pool_base(kvl_line_pool(l)); }
+
+static void fill(kvl_line_t *l, int32_t from, int32_t to) {
+  const int32_t *tok = kvl_line_tokens(l);
+  const int32_t *bt = kvl_line_block_table(l);
+  const int32_t *tables[] = {bt};
+  float k[16], v[16];
+  for (int32_t pos = from; pos < to; pos++)
+    for (int layer = 0; layer < LAYOUT.n_layer; layer++) {
+      kvl_writer_t w = kvl_line_writer(l, pos);
+      for (int i = 0; i < 16; i++) { k[i] = value(tok, pos, w, layer, i, 0); v[i] = value(tok, pos, w, layer, i, 1); }
+      int32_t seq = 0;
+      kvl_kv_store(&LAYOUT, base_of(l), layer, 1, k, v, &pos, &seq, tables);
+    }
+}
+
+static int verify(kvl_line_t *l) {
+  const int32_t *tok = kvl_line_tokens(l);
+  const int32_t *bt = kvl_line_block_table(l);
+  float k[16], v[16];
+  int bad = 0;
+  for (int32_t pos = 0; pos < kvl_line_len(l); pos++)
+    for (int layer = 0; layer < LAYOUT.n_layer; layer++) {
+      kvl_kv_load(&LAYOUT, base_of(l), layer, pos, bt, k, v);
+      kvl_writer_t w = kvl_line_writer(l, pos);
+      for (int i = 0; i < 16; i++)
+        bad += k[i] != value(tok, pos, w, layer, i, 0) || v[i] != value(tok, pos, w, layer, i, 1);
+    }
+  return bad;
+}
+
+static void seqn(int32_t *t, int n, int32_t start) {
+  for (int i = 0; i < n; i++) t[i] = start + i;
+}
+
+static void test_share_and_provenance(void) {
+  kvl_pool_t *p = pool(32, 16);
+  int32_t toks[64];
+  seqn(toks, 64, 100);
+  /* A: 40 native positions, committed (2 full blocks indexed) */
+  kvl_line_t *a = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(a, toks, 40, KVL_WRITER_NATIVE), 0);
+  fill(a, 0, 40);
+  kvl_line_commit(a);
+  check(p);
+  /* B: same prompt finds 32 cached positions, shares A's blocks */
+  kvl_line_t *b = kvl_line_new(p);
+  struct kvl_prefix_hit hit;
+  CHECK_EQ_INT(kvl_line_attach_prefix(b, toks, 50, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK(hit.n_tokens == 32 && hit.n_native == 32 && hit.n_translated == 0);
+  CHECK(kvl_line_block_table(b)[0] == kvl_line_block_table(a)[0]);
+  CHECK_EQ_INT(kvl_line_append(b, toks + 32, 18, KVL_WRITER_NATIVE), 0);
+  fill(b, 32, 50);
+  CHECK_EQ_INT(verify(a), 0);
+  CHECK_EQ_INT(verify(b), 0);
+  check(p);
+  /* T: the same 32 tokens, first block translated (writer 7), second native on top */
+  kvl_line_t *t = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(t, toks, 16, 7), 0);
+  CHECK_EQ_INT(kvl_line_append(t, toks + 16, 16, KVL_WRITER_NATIVE), 0);
+  fill(t, 0, 32);
+  kvl_line_commit(t);
+  check(p);
+  CHECK_EQ_INT(kvl_line_native_span(t, 16, 32), 0);
+  CHECK_EQ_INT(kvl_line_native_span(t, 10, 20), KVL_EINVAL); /* touches translated positions */
+  /* with A gone and its blocks evicted and dropped, only T's chain is left for these tokens */
+  kvl_line_free(a);
+  kvl_line_free(b);
+  kvl_pool_t *unused = p;
+  (void)unused;
+  kvl_line_t *c = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 32, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK_EQ_INT(hit.n_tokens, 32); /* A's native blocks are still cached: preferred */
+  CHECK_EQ_INT(hit.n_translated, 0);
+  CHECK_EQ_INT(verify(c), 0);
+  kvl_line_free(c);
+  /* now tokens only T holds natively-on-top-of-translated: a different second block */
+  int32_t toks2[32];
+  memcpy(toks2, toks, sizeof(toks2));
+  kvl_line_t *u = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(u, toks2, 16, 9), 0); /* translated by another translator */
+  toks2[20] = 5;
+  CHECK_EQ_INT(kvl_line_append(u, toks2 + 16, 16, KVL_WRITER_NATIVE), 0);
+  fill(u, 0, 32);
+  kvl_line_commit(u);
+  kvl_line_t *d = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_attach_prefix(d, toks2, 32, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK_EQ_INT(hit.n_tokens, 16); /* native block 0 from A; block 1 sits on a translated parent */
+  kvl_line_free(d);
+  d = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_attach_prefix(d, toks2, 32, KVL_REUSE_ANY, &hit), 0);
+  CHECK_EQ_INT(hit.n_tokens, 16); /* block 0 prefers A's native entry; its child differs */
+  kvl_line_free(d);
+  kvl_line_free(u);
+  kvl_line_free(t);
+  check(p);
+  kvl_pool_free(p);
+}
+
+static void test_translated_only(void) {
+  kvl_pool_t *p = pool(16, 0);
+  int32_t toks[32];
+  seqn(toks, 32, 7);
+  kvl_line_t *t = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(t, toks, 32, 3), 0);
+  fill(t, 0, 32);
+  kvl_line_commit(t);
+  kvl_line_t *x = kvl_line_new(p);
+  struct kvl_prefix_hit hit;
+  CHECK_EQ_INT(kvl_line_attach_prefix(x, toks, 32, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK_EQ_INT(hit.n_tokens, 0);
+  CHECK_EQ_INT(kvl_line_attach_prefix(x, toks, 32, KVL_REUSE_ANY, &hit), 0);
+  CHECK(hit.n_tokens == 32 && hit.n_translated == 32 && hit.n_native == 0);
+  CHECK_EQ_INT(kvl_line_native_span(x, 0, 1), KVL_EINVAL); /* never a translation source */
+  CHECK_EQ_INT(verify(x), 0);
+  kvl_line_free(x);
+  kvl_line_free(t);
+  check(p);
+  kvl_pool_free(p);
+}
+
+static void test_cow_and_truncate(void) {
+  kvl_pool_t *p = pool(16, 0);
+  int32_t toks[40];
+  seqn(toks, 40, 1);
+  kvl_line_t *a = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(a, toks, 20, KVL_WRITER_NATIVE), 0);
+  fill(a, 0, 20);
+  kvl_line_t *b = kvl_line_fork(a);
+  CHECK(b != NULL);
+  int32_t other[4] = {900, 901, 902, 903};
+  CHECK_EQ_INT(kvl_line_append(b, other, 4, KVL_WRITER_NATIVE), 0); /* tail block shared: copied */
+  fill(b, 20, 24);
+  CHECK(kvl_line_block_table(b)[1] != kvl_line_block_table(a)[1]);
+  CHECK(kvl_line_block_table(b)[0] == kvl_line_block_table(a)[0]);
+  CHECK_EQ_INT(verify(a), 0);
+  CHECK_EQ_INT(verify(b), 0);
+  struct kvl_pool_stats st;
+  kvl_pool_stats(p, &st);
+  CHECK_EQ_INT(st.cow_copies, 1);
+  /* an edited turn: truncate into a committed (indexed) block, then write: copied too */
+  kvl_line_commit(a);
+  CHECK_EQ_INT(kvl_line_truncate(a, 10), 0);
+  CHECK_EQ_INT(kvl_line_append(a, other, 4, KVL_WRITER_NATIVE), 0);
+  fill(a, 10, 14);
+  CHECK_EQ_INT(verify(a), 0);
+  CHECK_EQ_INT(verify(b), 0);
+  CHECK_EQ_INT(kvl_line_truncate(a, 99), KVL_EINVAL);
+  check(p);
+  kvl_line_free(a);
+  kvl_line_free(b);
+  check(p);
+  kvl_pool_free(p);
+}
+
+static void test_tiers(void) {
+  kvl_pool_t *p = pool(4, 4);
+  int32_t toks[64];
+  seqn(toks, 64, 50);
+  kvl_line_t *a = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(a, toks, 48, KVL_WRITER_NATIVE), 0);
+  fill(a, 0, 48);
+  kvl_line_commit(a);
+  /* offload -> restore is bit-exact and frees the hot slots meanwhile */
+  CHECK_EQ_INT(kvl_line_offload(a), 0);
+  CHECK(!kvl_line_is_hot(a));
+  CHECK_EQ_INT(kvl_pool_available(p), 4);
+  check(p);
+  CHECK_EQ_INT(kvl_line_restore(a), 0);
+  CHECK_EQ_INT(verify(a), 0);
+  kvl_line_free(a); /* 3 cached blocks */
+  /* a new line needs all 4 hot slots: cached blocks go to the cold tier, not away */
+  kvl_line_t *b = kvl_line_new(p);
+  int32_t other[64];
+  seqn(other, 64, 5000);
+  CHECK_EQ_INT(kvl_line_append(b, other, 64, KVL_WRITER_NATIVE), 0);
+  fill(b, 0, 64);
+  CHECK_EQ_INT(kvl_line_append(b, other, 1, KVL_WRITER_NATIVE), KVL_EFULL); /* no room: nothing changes */
+  CHECK_EQ_INT(kvl_line_len(b), 64);
+  struct kvl_pool_stats st;
+  kvl_pool_stats(p, &st);
+  CHECK_EQ_INT(st.evicted_to_cold, 3 + 3); /* offload + eviction */
+  check(p);
+  kvl_line_free(b);
+  /* the conversation comes back: its blocks are found in the cold tier and restored */
+  kvl_line_t *c = kvl_line_new(p);
+  struct kvl_prefix_hit hit;
+  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK_EQ_INT(hit.n_tokens, 48);
+  CHECK_EQ_INT(hit.n_restored, 3);
+  CHECK_EQ_INT(verify(c), 0);
+  check(p);
+  kvl_line_free(c);
+  kvl_pool_free(p);
+}
+
+/* Thousands of random operations; the checker after each; every line's data verified. */
+static void test_stress(void) {
+  kvl_pool_t *p = pool(24, 12);
+  enum { L = 12 };
+  kvl_line_t *lines[L] = {0};
+  unsigned long long s = 424242;
+  int32_t base[4][96];
+  for (int k = 0; k < 4; k++) seqn(base[k], 96, 1000 * (k + 1)); /* 4 shared "system prompts" */
+  int ops = 0, full = 0, bad = 0;
+  char err[256];
+  for (int it = 0; it < 6000; it++) {
+    int i = (int)(kvl_test_rand(&s) % L), op = (int)(kvl_test_rand(&s) % 10);
+    kvl_line_t *l = lines[i];
+    if (!l) {
+      l = lines[i] = kvl_line_new(p);
+      int k = (int)(kvl_test_rand(&s) % 4), n = 1 + (int)(kvl_test_rand(&s) % 80);
+      struct kvl_prefix_hit hit;
+      int rc = kvl_line_attach_prefix(l, base[k], n, op < 8 ? KVL_REUSE_NATIVE_ONLY : KVL_REUSE_ANY, &hit);
+      if (rc == KVL_EFULL) full++;
+      rc = kvl_line_append(l, base[k] + hit.n_tokens, n - hit.n_tokens,
+                           kvl_test_rand(&s) % 5 ? KVL_WRITER_NATIVE : (kvl_writer_t)(1 + kvl_test_rand(&s) % 2));
+      if (rc == 0) fill(l, hit.n_tokens, n);
+      else if (rc == KVL_EFULL) full++;
+    } else if (op < 3) {
+      if (!kvl_line_is_hot(l) && kvl_line_restore(l) < 0) { full++; continue; }
+      int32_t t[8];
+      int n = 1 + (int)(kvl_test_rand(&s) % 8);
+      for (int j = 0; j < n; j++) t[j] = (int32_t)(kvl_test_rand(&s) % 50);
+      int32_t at = kvl_line_len(l);
+      int rc = kvl_line_append(l, t, n, KVL_WRITER_NATIVE);
+      if (rc == 0) fill(l, at, at + n);
+      else if (rc == KVL_EFULL) full++;
+    } else if (op == 3) {
+      kvl_line_commit(l);
+    } else if (op == 4) {
+      kvl_line_free(l);
+      lines[i] = NULL;
+    } else if (op == 5) {
+      if (kvl_line_offload(l) == KVL_EFULL) full++;
+    } else if (op == 6) {
+      if (kvl_line_restore(l) == KVL_EFULL) full++;
+    } else if (op == 7) {
+      kvl_pool_evict(p, 1 + (int32_t)(kvl_test_rand(&s) % 4));
+    } else if (op == 8) {
+      kvl_line_truncate(l, (int32_t)(kvl_test_rand(&s) % (uint64_t)(kvl_line_len(l) + 1)));
+    } else if (kvl_line_is_hot(l)) {
+      kvl_line_t *f = kvl_line_fork(l);
+      int j = (int)(kvl_test_rand(&s) % L);
+      if (lines[j]) kvl_line_free(lines[j]);
+      lines[j] = f;
+    }
+    ops++;
+    if (kvl_pool_check(p, err, sizeof(err))) { fprintf(stderr, "after op %d: %s\n", it, err); bad++; break; }
+    for (int j = 0; j < L; j++)
+      if (lines[j] && kvl_line_is_hot(lines[j])) bad += verify(lines[j]) != 0;
+    if (bad) { fprintf(stderr, "data mismatch after op %d\n", it); break; }
+  }
+  printf("  %d operations, %d refused for room (KVL_EFULL), %d failures\n", ops, full, bad);
+  CHECK_EQ_INT(bad, 0);
+  for (int j = 0; j < L; j++) kvl_line_free(lines[j]);
+  check(p);
+  struct kvl_pool_stats st;
+  kvl_pool_stats(p, &st);
+  printf("  evicted to cold %llu, dropped %llu, restored %llu, copy-on-write %llu\n",
+         (unsigned long long)st.evicted_to_cold, (unsigned long long)st.dropped, (unsigned long long)st.restored,
+         (unsigned long long)st.cow_copies);
+  CHECK_EQ_INT(st.hot_used, 0);
+  kvl_pool_free(p);
+}
+
+int main(void) {
+  RUN(test_share_and_provenance);
+  RUN(test_translated_only);
+  RUN(test_cow_and_truncate);
+  RUN(test_tiers);
+  RUN(test_stress);
+  return TEST_EXIT();
+}
