@@ -6,62 +6,7 @@
 #include <string.h>
 
 #include "kvl_error.h"
-#include "kvl_kvpool.h"
-
-#define BLK KVL_KV_BLOCK
-#define NONE (-1)
-
-/* A block handle: the identity of 16 positions' K/V, wherever the data is. */
-struct blk {
-  bool used;                  /* handle allocated */
-  int32_t refs;               /* lines holding it */
-  int32_t hot, cold;          /* slot in the hot arena / cold tier, or NONE (exclusive) */
-  bool indexed;               /* in the prefix index: full, committed, never written again */
-  uint64_t key;               /* chain key: H(parent key, tokens, writers) (when indexed) */
-  uint64_t parent;            /* the parent's chain key (when indexed) */
-  int32_t tokens[BLK];        /* content description, for exact index matches */
-  kvl_writer_t writers[BLK];
-  int32_t prev, next;         /* LRU links (cached blocks: refs == 0 && indexed) */
-};
-
-struct lru { int32_t head, tail, n; }; /* head = least recently used */
-
-struct run { int32_t start, len; kvl_writer_t w; };
-
-struct kvl_line {
-  kvl_pool_t *p;
-  int32_t len;
-  int32_t *tok;         /* [cap_tok] */
-  int32_t cap_tok;
-  struct run *runs;     /* writer runs, in order, covering 0..len */
-  int32_t n_runs, cap_runs;
-  int32_t *blocks;      /* handles, one per started block */
-  int32_t *table;       /* their hot slots (valid when the line is hot) */
-  int32_t n_blocks, cap_blocks;
-  kvl_line_t *prev, *next; /* the pool's list of lines (for the checker) */
-};
-
-struct ientry { uint64_t bucket; int32_t h; }; /* h: handle, NONE = empty, -2 = deleted */
-
-struct kvl_pool {
-  struct kvl_kv_layout layout;
-  size_t bb;                      /* bytes per block */
-  uint8_t *hot_mem, *cold_mem;
-  int32_t n_hot, n_cold;
-  int32_t *hot_owner, *cold_owner; /* slot -> handle or NONE */
-  int32_t *hot_free, *cold_free;   /* stacks of free slots */
-  int32_t n_hot_free, n_cold_free;
-  struct blk *blk;
-  int32_t n_blk, cap_blk;
-  int32_t *blk_free;
-  int32_t n_blk_free;
-  struct lru hot_lru, cold_lru;
-  struct ientry *idx;
-  size_t idx_cap, idx_used;       /* used counts deleted entries too */
-  kvl_line_t *lines;
-  int32_t n_lines;
-  struct kvl_pool_stats st;
-};
+#include "kvpool-impl.h"
 
 /* ---- hashing --------------------------------------------------------------------- */
 
@@ -80,7 +25,7 @@ static uint64_t bucket_of(uint64_t parent, const int32_t *tok) {
 }
 
 /* Chain key: the bucket plus the writers (provenance is part of a block's identity). */
-static uint64_t key_of(uint64_t parent, const int32_t *tok, const kvl_writer_t *w) {
+uint64_t kvl__key_of(uint64_t parent, const int32_t *tok, const kvl_writer_t *w) {
   uint64_t h = bucket_of(parent, tok);
   for (int i = 0; i < BLK; i++) h = mix(h, w[i]);
   return h | 1;
@@ -117,7 +62,7 @@ static void lru_remove(kvl_pool_t *p, struct lru *l, int32_t h) {
   l->n--;
 }
 
-static void lru_push(kvl_pool_t *p, struct lru *l, int32_t h) { /* most recently used end */
+void kvl__lru_push(kvl_pool_t *p, struct lru *l, int32_t h) { /* most recently used end */
   struct blk *b = &p->blk[h];
   b->prev = l->tail;
   b->next = NONE;
@@ -149,7 +94,7 @@ static int idx_rebuild(kvl_pool_t *p, size_t cap) {
   return 0;
 }
 
-static int idx_insert(kvl_pool_t *p, int32_t h) {
+int kvl__idx_insert(kvl_pool_t *p, int32_t h) {
   if ((p->idx_used + 1) * 10 > p->idx_cap * 7) {
     int rc = idx_rebuild(p, p->idx_cap * 2);
     if (rc) return rc;
@@ -189,7 +134,7 @@ static int32_t idx_find(const kvl_pool_t *p, uint64_t parent, const int32_t *tok
 
 /* ---- handles and slots ---------------------------------------------------------------- */
 
-static int32_t blk_new(kvl_pool_t *p) {
+int32_t kvl__pool_blk_new(kvl_pool_t *p) {
   int32_t h;
   if (p->n_blk_free) {
     h = p->blk_free[--p->n_blk_free];
@@ -258,7 +203,7 @@ static int32_t hot_slot(kvl_pool_t *p) {
     int32_t victim = p->hot_lru.head;
     lru_remove(p, &p->hot_lru, victim);
     to_cold(p, victim, true);
-    if (p->blk[victim].used) lru_push(p, &p->cold_lru, victim);
+    if (p->blk[victim].used) kvl__lru_push(p, &p->cold_lru, victim);
   }
   return p->hot_free[--p->n_hot_free];
 }
@@ -287,7 +232,7 @@ static void unref(kvl_pool_t *p, int32_t h) {
   struct blk *b = &p->blk[h];
   KVL_ASSERT(b->refs > 0);
   if (--b->refs) return;
-  if (b->indexed) lru_push(p, lru_of(p, b), h); /* cached: evictable, findable */
+  if (b->indexed) kvl__lru_push(p, lru_of(p, b), h); /* cached: evictable, findable */
   else blk_drop(p, h);
 }
 
@@ -358,7 +303,7 @@ int32_t kvl_pool_evict(kvl_pool_t *p, int32_t n) {
     int32_t victim = p->hot_lru.head;
     lru_remove(p, &p->hot_lru, victim);
     to_cold(p, victim, true);
-    if (p->blk[victim].used) lru_push(p, &p->cold_lru, victim);
+    if (p->blk[victim].used) kvl__lru_push(p, &p->cold_lru, victim);
     freed++;
   }
   return freed;
@@ -495,7 +440,7 @@ int kvl_line_append(kvl_line_t *l, const int32_t *tokens, int32_t n, kvl_writer_
   if (!runs) return KVL_ENOMEM;
   l->runs = runs;
   if (cow) {
-    int32_t old = l->blocks[l->n_blocks - 1], h = blk_new(p);
+    int32_t old = l->blocks[l->n_blocks - 1], h = kvl__pool_blk_new(p);
     if (h < 0) return h;
     int32_t s = hot_slot(p);
     KVL_ASSERT(s != NONE);
@@ -509,7 +454,7 @@ int kvl_line_append(kvl_line_t *l, const int32_t *tokens, int32_t n, kvl_writer_
     p->st.cow_copies++;
   }
   while (l->n_blocks < need_blocks) {
-    int32_t h = blk_new(p);
+    int32_t h = kvl__pool_blk_new(p);
     if (h < 0) return h;
     int32_t s = hot_slot(p);
     KVL_ASSERT(s != NONE);
@@ -545,14 +490,14 @@ void kvl_line_commit(kvl_line_t *l) {
     if (b->indexed) { parent = b->key; continue; }
     describe(l, bi, b);
     b->parent = parent;
-    b->key = key_of(parent, b->tokens, b->writers);
+    b->key = kvl__key_of(parent, b->tokens, b->writers);
     /* an identical block (same tokens, same writers) indexed by someone else wins; ours
      * stays private and is freed with its last line */
     bool dup = false;
     uint64_t bk = bucket_of(parent, b->tokens);
     for (size_t j = bk & (p->idx_cap - 1); p->idx[j].h != NONE; j = (j + 1) & (p->idx_cap - 1))
       if (p->idx[j].h >= 0 && p->blk[p->idx[j].h].key == b->key) { dup = true; break; }
-    if (!dup && idx_insert(p, h) == 0) b->indexed = true;
+    if (!dup && kvl__idx_insert(p, h) == 0) b->indexed = true;
     parent = b->key;
   }
 }
@@ -682,7 +627,7 @@ int kvl_pool_check(const kvl_pool_t *p, char *err, size_t errlen) {
     hot_in_use += b->hot != NONE;
     cold_in_use += b->cold != NONE;
     indexed += b->indexed;
-    if (b->indexed && b->key != key_of(b->parent, b->tokens, b->writers)) { rc = fmt_err(err, errlen, "block %d: key does not match content", h); goto out; }
+    if (b->indexed && b->key != kvl__key_of(b->parent, b->tokens, b->writers)) { rc = fmt_err(err, errlen, "block %d: key does not match content", h); goto out; }
   }
   for (int32_t h = p->hot_lru.head, prev = NONE; h != NONE; prev = h, h = p->blk[h].next, on_hot_lru++)
     if (p->blk[h].prev != prev || p->blk[h].refs || p->blk[h].hot == NONE || !p->blk[h].indexed) { rc = fmt_err(err, errlen, "hot LRU corrupt at block %d", h); goto out; }

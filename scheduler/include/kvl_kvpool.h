@@ -134,4 +134,18 @@ int kvl_line_offload(kvl_line_t *l);
 /* Bring the line's cold blocks back to the hot arena (KVL_EFULL if no room). */
 int kvl_line_restore(kvl_line_t *l);
 
+/* ---- persistence (the spill file) ---------------------------------------------------
+ * A snapshot of every indexed block (cached or in use), written atomically (temporary
+ * file + rename, mode 0600) and read back at start into the cold tier, re-indexed, so
+ * cached lines survive a restart. The file is keyed by `fingerprint` (the caller's
+ * identity of model + translator: architecture, weights hash, translator id), the KV
+ * layout and dtype, and the block size; every record is checksummed. A file that does
+ * not match or is damaged anywhere is refused whole (KVL_EMISMATCH / KVL_EFORMAT with the
+ * reason in err): never trusted in part. Blocks that do not fit in the cold tier are
+ * skipped (oldest chains first kept). */
+int kvl_pool_save(const kvl_pool_t *p, const char *path, const char *fingerprint, char *err, size_t errlen);
+/* Load into an empty pool's cold tier. *n_loaded (optional) gets the blocks indexed. */
+int kvl_pool_load(kvl_pool_t *p, const char *path, const char *fingerprint, int32_t *n_loaded, char *err,
+                  size_t errlen);
+
 #endif /* KVL_KVPOOL_H */

@@ -2,6 +2,9 @@
  * copy on write, eviction to the cold tier and back, offload/restore bit-exactness,
  * clean refusal when full, and a randomized stress run with the sanity checker after
  * every operation and every line's data verified. */
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "../kvl_test.h"
 #include "kvl_error.h"
 #include "kvl_kvpool.h"
@@ -238,10 +241,25 @@ static void test_stress(void) {
   unsigned long long s = 424242;
   int32_t base[4][96];
   for (int k = 0; k < 4; k++) seqn(base[k], 96, 1000 * (k + 1)); /* 4 shared "system prompts" */
-  int ops = 0, full = 0, bad = 0;
+  int ops = 0, full = 0, bad = 0, restarts = 0;
   char err[256];
   for (int it = 0; it < 6000; it++) {
     int i = (int)(kvl_test_rand(&s) % L), op = (int)(kvl_test_rand(&s) % 10);
+    if (it % 500 == 499) {
+      /* restart: every line ends, the cache is saved, a new pool loads it back */
+      char path[] = "/tmp/kvl-stress-spill-XXXXXX";
+      int fd = mkstemp(path);
+      close(fd);
+      for (int j = 0; j < L; j++) { kvl_line_free(lines[j]); lines[j] = NULL; }
+      CHECK_EQ_INT(kvl_pool_save(p, path, "stress", err, sizeof(err)), 0);
+      kvl_pool_free(p);
+      p = pool(24, 12);
+      int32_t nl;
+      CHECK_EQ_INT(kvl_pool_load(p, path, "stress", &nl, err, sizeof(err)), 0);
+      restarts++;
+      unlink(path);
+      continue;
+    }
     kvl_line_t *l = lines[i];
     if (!l) {
       l = lines[i] = kvl_line_new(p);
@@ -287,7 +305,8 @@ static void test_stress(void) {
       if (lines[j] && kvl_line_is_hot(lines[j])) bad += verify(lines[j]) != 0;
     if (bad) { fprintf(stderr, "data mismatch after op %d\n", it); break; }
   }
-  printf("  %d operations, %d refused for room (KVL_EFULL), %d failures\n", ops, full, bad);
+  printf("  %d operations (%d restarts through the spill file), %d refused for room (KVL_EFULL), %d failures\n", ops,
+         restarts, full, bad);
   CHECK_EQ_INT(bad, 0);
   for (int j = 0; j < L; j++) kvl_line_free(lines[j]);
   check(p);
@@ -300,7 +319,64 @@ static void test_stress(void) {
   kvl_pool_free(p);
 }
 
+/* save -> "restart" (a new pool) -> load -> a returning request finds its blocks,
+ * bit-exact; a damaged or foreign file is refused whole. */
+static void test_spill_restart(void) {
+  char path[] = "/tmp/kvl-spill-XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  close(fd);
+  kvl_pool_t *p = pool(8, 4);
+  int32_t toks[70];
+  seqn(toks, 70, 300);
+  kvl_line_t *a = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(a, toks, 40, KVL_WRITER_NATIVE), 0);
+  CHECK_EQ_INT(kvl_line_append(a, toks + 40, 30, 4), 0); /* a translated tail block */
+  fill(a, 0, 70);
+  kvl_line_commit(a);
+  char err[256];
+  CHECK_EQ_INT(kvl_pool_save(p, path, "qwen-test|T4", err, sizeof(err)), 0);
+  struct stat st;
+  CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+  kvl_line_free(a);
+  kvl_pool_free(p);
+
+  p = pool(8, 4); /* the restarted daemon */
+  int32_t n = 0;
+  CHECK_EQ_INT(kvl_pool_load(p, path, "qwen-test|T4", &n, err, sizeof(err)), 0);
+  CHECK_EQ_INT(n, 4);
+  check(p);
+  kvl_line_t *b = kvl_line_new(p);
+  struct kvl_prefix_hit hit;
+  CHECK_EQ_INT(kvl_line_attach_prefix(b, toks, 70, KVL_REUSE_ANY, &hit), 0);
+  CHECK(hit.n_tokens == 64 && hit.n_restored == 4 && hit.n_native == 40 && hit.n_translated == 24);
+  CHECK_EQ_INT(verify(b), 0);
+  kvl_line_free(b);
+  kvl_pool_free(p);
+
+  p = pool(8, 4);
+  CHECK_EQ_INT(kvl_pool_load(p, path, "another-model", &n, err, sizeof(err)), KVL_EMISMATCH);
+  CHECK_STR_CONTAINS(err, "another model");
+  /* flip one byte of block data: the whole file is refused, the pool stays empty */
+  FILE *f = fopen(path, "r+b");
+  fseek(f, -100, SEEK_END);
+  int c = fgetc(f);
+  fseek(f, -100, SEEK_END);
+  fputc(c ^ 0x40, f);
+  fclose(f);
+  CHECK_EQ_INT(kvl_pool_load(p, path, "qwen-test|T4", &n, err, sizeof(err)), KVL_EFORMAT);
+  CHECK_STR_CONTAINS(err, "checksum mismatch");
+  CHECK_EQ_INT(n, 0);
+  check(p);
+  truncate(path, 50);
+  CHECK_EQ_INT(kvl_pool_load(p, path, "qwen-test|T4", &n, err, sizeof(err)), KVL_EFORMAT);
+  CHECK_STR_CONTAINS(err, "truncated");
+  kvl_pool_free(p);
+  unlink(path);
+}
+
 int main(void) {
+  RUN(test_spill_restart);
   RUN(test_share_and_provenance);
   RUN(test_translated_only);
   RUN(test_cow_and_truncate);

@@ -1,0 +1,70 @@
+/* kvpool-impl.h — private to scheduler/: the pool's data structures, shared by
+ * kvpool.c (blocks, lines, index, tiers) and spill.c (the snapshot file). */
+#ifndef KVL_KVPOOL_IMPL_H
+#define KVL_KVPOOL_IMPL_H
+
+#include "kvl_kvpool.h"
+
+#define BLK KVL_KV_BLOCK
+#define NONE (-1)
+
+/* A block handle: the identity of 16 positions' K/V, wherever the data is. */
+struct blk {
+  bool used;                  /* handle allocated */
+  int32_t refs;               /* lines holding it */
+  int32_t hot, cold;          /* slot in the hot arena / cold tier, or NONE (exclusive) */
+  bool indexed;               /* in the prefix index: full, committed, never written again */
+  uint64_t key;               /* chain key: H(parent key, tokens, writers) (when indexed) */
+  uint64_t parent;            /* the parent's chain key (when indexed) */
+  int32_t tokens[BLK];        /* content description, for exact index matches */
+  kvl_writer_t writers[BLK];
+  int32_t prev, next;         /* LRU links (cached blocks: refs == 0 && indexed) */
+};
+
+struct lru { int32_t head, tail, n; }; /* head = least recently used */
+
+struct run { int32_t start, len; kvl_writer_t w; };
+
+struct kvl_line {
+  kvl_pool_t *p;
+  int32_t len;
+  int32_t *tok;         /* [cap_tok] */
+  int32_t cap_tok;
+  struct run *runs;     /* writer runs, in order, covering 0..len */
+  int32_t n_runs, cap_runs;
+  int32_t *blocks;      /* handles, one per started block */
+  int32_t *table;       /* their hot slots (valid when the line is hot) */
+  int32_t n_blocks, cap_blocks;
+  kvl_line_t *prev, *next; /* the pool's list of lines (for the checker) */
+};
+
+struct ientry { uint64_t bucket; int32_t h; }; /* h: handle, NONE = empty, -2 = deleted */
+
+struct kvl_pool {
+  struct kvl_kv_layout layout;
+  size_t bb;                      /* bytes per block */
+  uint8_t *hot_mem, *cold_mem;
+  int32_t n_hot, n_cold;
+  int32_t *hot_owner, *cold_owner; /* slot -> handle or NONE */
+  int32_t *hot_free, *cold_free;   /* stacks of free slots */
+  int32_t n_hot_free, n_cold_free;
+  struct blk *blk;
+  int32_t n_blk, cap_blk;
+  int32_t *blk_free;
+  int32_t n_blk_free;
+  struct lru hot_lru, cold_lru;
+  struct ientry *idx;
+  size_t idx_cap, idx_used;       /* used counts deleted entries too */
+  kvl_line_t *lines;
+  int32_t n_lines;
+  struct kvl_pool_stats st;
+};
+
+
+/* Internals shared between the module's files (kvl__ prefix, STYLE.md §1). */
+uint64_t kvl__key_of(uint64_t parent, const int32_t *tok, const kvl_writer_t *w);
+int32_t kvl__pool_blk_new(kvl_pool_t *p);
+int kvl__idx_insert(kvl_pool_t *p, int32_t h);
+void kvl__lru_push(kvl_pool_t *p, struct lru *l, int32_t h);
+
+#endif
