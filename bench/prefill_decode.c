@@ -1,0 +1,354 @@
+/* prefill_decode.c — bench-prefill-decode: prompt-processing and generation speed of the
+ * engine's forward pass, one sequence, on the CPU backend.
+ *
+ *   pp<N>  prefill N tokens in one forward (logits for the last token only); tokens/s
+ *          = N / time of that forward.
+ *   tg<N>  after an untimed 16-token prompt, N single-token decode steps, each a forward
+ *          with logits; tokens/s = N / time of the N steps. With --bw, roofline_pct =
+ *          weight bytes read per token x tokens/s / bandwidth: how close decode runs to
+ *          the memory-bound limit (KV reads, small at these lengths, are not counted).
+ *
+ * Token ids are fixed pseudo-random ids in [1000, 20000) (no tokenizer): speed does not
+ * depend on which tokens are fed. Each figure is the median of -r runs; pp runs after
+ * one untimed warm-up forward (which also faults the mapped weights in). Writes
+ * <out>/prefill-decode.json and .md (shared/BENCH-FORMAT.md). The engine is driven
+ * exactly as clients/cli/cmd_run.c drives it.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include <omp.h>
+
+#include "bench_common.h"
+#include "kvl_error.h"
+#include "kvl_kernels.h"
+#include "kvl_model.h"
+
+#define TG_PROMPT 16       /* tokens of context before the decode steps of tg<N> */
+#define MAX_MODELS 16
+#define TOKEN_SEED 0x6b766c696e676fULL /* "kvlingo" */
+#define TOKEN_LO 1000
+#define TOKEN_HI 20000
+
+/* The two default models (file in the models directory, short name). */
+static const char *const default_models[][2] = {
+  {"qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b"},
+  {"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b"},
+};
+
+struct bench_opts {
+  const char *models[MAX_MODELS]; /* model file paths */
+  int n_models;
+  int pp;                         /* prefill length N of pp<N>; 0 skips pp */
+  int tg;                         /* decode steps N of tg<N>; 0 skips tg */
+  int runs;                       /* timed runs per figure */
+  enum kvl_kv_dtype kv;           /* KV cache storage */
+  double bw_gbps;                 /* memory bandwidth for roofline_pct; 0 = not given */
+  const char *out;                /* results directory */
+};
+
+/* The model's short name from its file name: directory, ".gguf", a quantisation suffix
+ * ("-q4_k_m", "-f16", ...) and "-instruct" removed. Returns a malloc'd string. */
+static char *short_name(const char *path) {
+  const char *b = strrchr(path, '/');
+  char *s = strdup(b ? b + 1 : path);
+  if (!s) return NULL;
+  size_t l = strlen(s);
+  if (l > 5 && !strcasecmp(s + l - 5, ".gguf")) s[l -= 5] = '\0';
+  char *d = strrchr(s, '-');
+  if (d && ((tolower((unsigned char)d[1]) == 'q' && isdigit((unsigned char)d[2])) || !strcasecmp(d, "-f16") ||
+            !strcasecmp(d, "-bf16") || !strcasecmp(d, "-f32")))
+    *d = '\0';
+  l = strlen(s);
+  if (l > 9 && !strcasecmp(s + l - 9, "-instruct")) s[l - 9] = '\0';
+  return s;
+}
+
+/* Bytes of weights one token's forward reads: every tensor in full, except the token
+ * embedding when a separate output head exists (then only its one row is read). */
+static uint64_t weight_bytes_per_token(const kvl_model_t *m) {
+  const kvl_gguf_t *g = kvl_model_gguf(m);
+  const bool tied = kvl_model_hparams(m)->tied_output;
+  uint64_t sum = 0;
+  for (int64_t i = 0; i < kvl_gguf_n_tensors(g); i++) {
+    const struct kvl_gguf_tensor *t = kvl_gguf_tensor(g, i);
+    uint64_t rows = t->ne[0] ? t->n_elements / t->ne[0] : 1;
+    if (!tied && !strcmp(t->name, "token_embd.weight") && rows > 0) sum += t->nbytes / rows;
+    else sum += t->nbytes;
+  }
+  return sum;
+}
+
+/* n fixed pseudo-random token ids in [TOKEN_LO, TOKEN_HI) (splitmix64, fixed seed),
+ * folded into the vocabulary if it is smaller. */
+static void fill_tokens(int32_t *ids, int n, int n_vocab) {
+  uint64_t x = TOKEN_SEED;
+  for (int i = 0; i < n; i++) {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    int32_t id = TOKEN_LO + (int32_t)(z % (TOKEN_HI - TOKEN_LO));
+    ids[i] = id < n_vocab ? id : id % n_vocab;
+  }
+}
+
+/* Run pp and tg on one model and add their results to the report. Returns 0, or -1
+ * after printing why. */
+static int bench_model(const char *path, const char *name, const struct bench_opts *o, kvl_bench_report_t *rep) {
+  char err[512];
+  kvl_model_t *m = NULL;
+  void *pool = NULL;
+  int32_t *table = NULL, *ids = NULL, *pos = NULL, *seq = NULL;
+  int8_t *want = NULL;
+  float *logits = NULL;
+  double *s = NULL;
+  int ret = -1, rc;
+
+  double t0 = kvl_bench_now();
+  if (kvl_model_open(path, &m, err, sizeof(err)) < 0) {
+    fprintf(stderr, "bench-prefill-decode: %s: %s\n", path, err);
+    return -1;
+  }
+  const struct kvl_model_hparams *hp = kvl_model_hparams(m);
+  kvl_backend_t *be = kvl_backend_cpu();
+  const int threads = omp_get_max_threads();
+  const char *kvname = o->kv == KVL_KV_F32 ? "f32" : "bf16";
+  fprintf(stderr, "bench-prefill-decode: %s (%s, %d layers) on %s, %d threads, kv %s, loaded in %.2f s\n", name,
+          path, hp->n_layer, kvl_backend_name(be), threads, kvname, kvl_bench_now() - t0);
+
+  const int n_ctx = o->pp > TG_PROMPT + o->tg ? o->pp : TG_PROMPT + o->tg;
+  const int n_batch = o->pp > TG_PROMPT ? o->pp : TG_PROMPT;
+  if (n_ctx > hp->n_ctx_train) {
+    fprintf(stderr, "bench-prefill-decode: %s: %d tokens exceed the model's context of %d\n", name, n_ctx,
+            hp->n_ctx_train);
+    goto out;
+  }
+  struct kvl_kv_layout kl = kvl_model_kv_layout(m, o->kv);
+  int nb = (n_ctx + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK;
+  pool = calloc((size_t)nb, kvl_kv_block_bytes(&kl));
+  table = malloc((size_t)nb * sizeof(*table));
+  ids = malloc((size_t)n_ctx * sizeof(*ids));
+  pos = malloc((size_t)n_batch * sizeof(*pos));
+  seq = calloc((size_t)n_batch, sizeof(*seq));
+  want = calloc((size_t)n_batch, sizeof(*want));
+  logits = malloc((size_t)hp->n_vocab * sizeof(*logits));
+  s = malloc((size_t)o->runs * sizeof(*s));
+  if (!pool || !table || !ids || !pos || !seq || !want || !logits || !s) {
+    fprintf(stderr, "bench-prefill-decode: out of memory\n");
+    goto out;
+  }
+  for (int i = 0; i < nb; i++) table[i] = i;
+  const int32_t *tables[] = {table};
+  struct kvl_kv_view kv = {&kl, pool, tables};
+  fill_tokens(ids, n_ctx, hp->n_vocab);
+  struct kvl_bench_stats st;
+  char test[32];
+
+  /* pp<N>: one forward of N tokens at positions 0..N-1 (overwriting the cache each
+   * run), logits for the last. Run -1 is the warm-up. */
+  if (o->pp > 0) {
+    snprintf(test, sizeof(test), "pp%d", o->pp);
+    for (int t = 0; t < o->pp; t++) { pos[t] = t; want[t] = t == o->pp - 1; }
+    struct kvl_batch b = {o->pp, ids, pos, seq, want};
+    for (int r = -1; r < o->runs; r++) {
+      double ts = kvl_bench_now();
+      if ((rc = kvl_model_forward(m, be, &b, &kv, logits, NULL)) < 0) {
+        fprintf(stderr, "bench-prefill-decode: %s %s: forward: %s\n", name, test, kvl_strerror(rc));
+        goto out;
+      }
+      double dt = kvl_bench_now() - ts;
+      if (r < 0) {
+        fprintf(stderr, "  %s %s warm-up: %.1f tokens/s (%.3f s)\n", name, test, o->pp / dt, dt);
+        continue;
+      }
+      s[r] = o->pp / dt;
+      fprintf(stderr, "  %s %s run %d/%d: %.1f tokens/s (%.3f s)\n", name, test, r + 1, o->runs, s[r], dt);
+    }
+    kvl_bench_stats_compute(s, o->runs, &st);
+    json_t *res = kvl_bench_report_add(rep, name, test, st.median, "tokens/s", o->runs, st.sd);
+    json_object_set_new(res, "kv", json_string(kvname));
+    json_object_set_new(res, "threads", json_integer(threads));
+    json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
+    printf("%-20s %-7s %9.1f tokens/s  (sd %.1f, %d runs)\n", name, test, st.median, st.sd, o->runs);
+  }
+
+  /* tg<N>: an untimed TG_PROMPT-token prefill (which also warms the weights), then N
+   * timed decode steps, each one token with logits, as a generation loop runs them. */
+  if (o->tg > 0) {
+    snprintf(test, sizeof(test), "tg%d", o->tg);
+    for (int r = 0; r < o->runs; r++) {
+      for (int t = 0; t < TG_PROMPT; t++) { pos[t] = t; want[t] = t == TG_PROMPT - 1; }
+      struct kvl_batch b = {TG_PROMPT, ids, pos, seq, want};
+      if ((rc = kvl_model_forward(m, be, &b, &kv, logits, NULL)) < 0) {
+        fprintf(stderr, "bench-prefill-decode: %s %s: prompt forward: %s\n", name, test, kvl_strerror(rc));
+        goto out;
+      }
+      double ts = kvl_bench_now();
+      for (int i = 0; i < o->tg; i++) {
+        pos[0] = TG_PROMPT + i;
+        want[0] = 1;
+        struct kvl_batch d = {1, ids + TG_PROMPT + i, pos, seq, want};
+        if ((rc = kvl_model_forward(m, be, &d, &kv, logits, NULL)) < 0) {
+          fprintf(stderr, "bench-prefill-decode: %s %s: decode forward: %s\n", name, test, kvl_strerror(rc));
+          goto out;
+        }
+      }
+      double dt = kvl_bench_now() - ts;
+      s[r] = o->tg / dt;
+      fprintf(stderr, "  %s %s run %d/%d: %.2f tokens/s (%.3f s)\n", name, test, r + 1, o->runs, s[r], dt);
+    }
+    kvl_bench_stats_compute(s, o->runs, &st);
+    const uint64_t wbytes = weight_bytes_per_token(m);
+    json_t *res = kvl_bench_report_add(rep, name, test, st.median, "tokens/s", o->runs, st.sd);
+    json_object_set_new(res, "kv", json_string(kvname));
+    json_object_set_new(res, "threads", json_integer(threads));
+    json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
+    json_object_set_new(res, "prompt_tokens", json_integer(TG_PROMPT));
+    json_object_set_new(res, "weight_mib_per_token", json_real((double)wbytes / (1 << 20)));
+    printf("%-20s %-7s %9.2f tokens/s  (sd %.2f, %d runs)", name, test, st.median, st.sd, o->runs);
+    if (o->bw_gbps > 0) {
+      double pct = (double)wbytes * st.median / (o->bw_gbps * 1e9) * 100.0;
+      json_object_set_new(res, "roofline_pct", json_real(pct));
+      json_object_set_new(res, "bw_gbps", json_real(o->bw_gbps));
+      printf("  %.1f%% of %.1f GB/s (%.1f MiB weights/token)", pct, o->bw_gbps, (double)wbytes / (1 << 20));
+    }
+    printf("\n");
+  }
+  ret = 0;
+out:
+  free(s);
+  free(logits);
+  free(want);
+  free(seq);
+  free(pos);
+  free(ids);
+  free(table);
+  free(pool);
+  kvl_model_free(m);
+  return ret;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+    "usage: bench-prefill-decode [-m MODEL.gguf]... [options]\n"
+    "\n"
+    "Prefill (pp<N>) and decode (tg<N>) speed of the engine on the CPU backend; writes\n"
+    "<out>/prefill-decode.json and .md. Run it on a quiet machine.\n"
+    "\n"
+    "  -m, --model PATH   a .gguf file (repeatable); default: qwen2.5-coder-0.5b and -1.5b\n"
+    "                     (q4_k_m) in $KVLINGO_MODELS (default ~/.cache/kvlingo/models)\n"
+    "  -p, --prefill N    pp<N>: prefill N tokens in one forward (default 512; 0 = skip)\n"
+    "  -n, --decode N     tg<N>: N decode steps after a %d-token prompt (default 128; 0 = skip)\n"
+    "  -r, --runs N       timed runs per figure (default 5)\n"
+    "      --kv bf16|f32  KV cache storage (default bf16)\n"
+    "      --bw GBPS      memory bandwidth (e.g. bench-roofline's all-cores figure): adds\n"
+    "                     roofline_pct to tg results\n"
+    "      --out DIR      where to write the results (default bench/results)\n"
+    "  -h, --help         this text\n"
+    "\n"
+    "Threads: OpenMP's (OMP_NUM_THREADS); SIMD level: KVL_CPU=scalar|avx2|avx512.\n",
+    TG_PROMPT);
+}
+
+static int parse_int(const char *s, const char *what, int min) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || v < min || v > 1 << 24) {
+    fprintf(stderr, "bench-prefill-decode: %s must be an integer >= %d, not '%s'\n", what, min, s);
+    exit(2);
+  }
+  return (int)v;
+}
+
+int main(int argc, char **argv) {
+  enum { O_KV = 1000, O_BW, O_OUT };
+  static const struct option lopts[] = {
+    {"model", required_argument, 0, 'm'}, {"prefill", required_argument, 0, 'p'},
+    {"decode", required_argument, 0, 'n'}, {"runs", required_argument, 0, 'r'},
+    {"kv", required_argument, 0, O_KV}, {"bw", required_argument, 0, O_BW},
+    {"out", required_argument, 0, O_OUT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  struct bench_opts o = {.pp = 512, .tg = 128, .runs = 5, .kv = KVL_KV_BF16, .out = "bench/results"};
+  int c;
+  char *end;
+  while ((c = getopt_long(argc, argv, "m:p:n:r:h", lopts, NULL)) != -1) {
+    switch (c) {
+    case 'm':
+      if (o.n_models == MAX_MODELS) { fprintf(stderr, "bench-prefill-decode: at most %d models\n", MAX_MODELS); return 2; }
+      o.models[o.n_models++] = optarg;
+      break;
+    case 'p': o.pp = parse_int(optarg, "-p", 0); break;
+    case 'n': o.tg = parse_int(optarg, "-n", 0); break;
+    case 'r': o.runs = parse_int(optarg, "-r", 1); break;
+    case O_KV:
+      if (!strcmp(optarg, "bf16")) o.kv = KVL_KV_BF16;
+      else if (!strcmp(optarg, "f32")) o.kv = KVL_KV_F32;
+      else { fprintf(stderr, "bench-prefill-decode: --kv is bf16 or f32, not '%s'\n", optarg); return 2; }
+      break;
+    case O_BW:
+      o.bw_gbps = strtod(optarg, &end);
+      if (*end || !(o.bw_gbps > 0)) { fprintf(stderr, "bench-prefill-decode: --bw must be a positive number of GB/s\n"); return 2; }
+      break;
+    case O_OUT: o.out = optarg; break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc) { fprintf(stderr, "bench-prefill-decode: unexpected argument '%s'\n", argv[optind]); return 2; }
+  if (o.pp == 0 && o.tg == 0) { fprintf(stderr, "bench-prefill-decode: nothing to do (-p 0 and -n 0)\n"); return 2; }
+
+  /* Model paths and names: given ones as they are, else the defaults that exist. */
+  char *paths[MAX_MODELS] = {0}, *names[MAX_MODELS] = {0};
+  int n = 0;
+  if (o.n_models > 0) {
+    for (int i = 0; i < o.n_models; i++) {
+      paths[n] = strdup(o.models[i]);
+      names[n] = short_name(o.models[i]);
+      if (!paths[n] || !names[n]) { fprintf(stderr, "bench-prefill-decode: out of memory\n"); return 1; }
+      n++;
+    }
+  } else {
+    const char *dir = getenv("KVLINGO_MODELS");
+    char def[4096];
+    if (!dir || !*dir) {
+      snprintf(def, sizeof(def), "%s/.cache/kvlingo/models", getenv("HOME") ? getenv("HOME") : ".");
+      dir = def;
+    }
+    for (size_t i = 0; i < sizeof(default_models) / sizeof(default_models[0]); i++) {
+      char p[4200];
+      snprintf(p, sizeof(p), "%s/%s", dir, default_models[i][0]);
+      if (access(p, R_OK) != 0) {
+        fprintf(stderr, "bench-prefill-decode: %s not found, skipped (scripts/fetch-models fetches it)\n", p);
+        continue;
+      }
+      paths[n] = strdup(p);
+      names[n] = strdup(default_models[i][1]);
+      if (!paths[n] || !names[n]) { fprintf(stderr, "bench-prefill-decode: out of memory\n"); return 1; }
+      n++;
+    }
+    if (n == 0) { fprintf(stderr, "bench-prefill-decode: no model to run (give -m PATH)\n"); return 1; }
+  }
+
+  kvl_bench_report_t *rep = kvl_bench_report_new("prefill-decode", argc, argv);
+  if (!rep) { fprintf(stderr, "bench-prefill-decode: out of memory\n"); return 1; }
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) rc = bench_model(paths[i], names[i], &o, rep);
+  /* A failed model ends the run without a results file: a partial file would look like
+   * a complete measurement. */
+  if (rc == 0) {
+    rc = kvl_bench_report_write(rep, o.out);
+    if (rc == 0) printf("wrote %s/prefill-decode.json and %s/prefill-decode.md\n", o.out, o.out);
+  }
+  kvl_bench_report_free(rep);
+  for (int i = 0; i < n; i++) { free(paths[i]); free(names[i]); }
+  return rc < 0 ? 1 : 0;
+}

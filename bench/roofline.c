@@ -1,0 +1,316 @@
+/* roofline.c — bench-roofline: the machine's own limits, the ceilings other benchmarks
+ * are judged against.
+ *
+ *   roofline-bandwidth  memory read bandwidth (GB/s = 1e9 B/s) over a buffer far larger
+ *                       than the last-level cache, 1 thread and all cores; AVX-512 loads
+ *                       when the processor has them, else AVX2, else plain C.
+ *   roofline-flops      fp32 FMA peak (GFLOP/s; one FMA = 2 FLOP) from independent
+ *                       register-resident FMA chains, per ISA (AVX-512, AVX2), 1 thread
+ *                       and all cores.
+ *
+ * Every figure is the median of -r runs (default 5) after one untimed warm-up run; "best"
+ * is the fastest run. Writes <out>/roofline.json and .md (shared/BENCH-FORMAT.md).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include "bench_common.h"
+
+/* ---- memory read kernels ----------------------------------------------------------
+ * Each sums n floats (n a multiple of READ_STEP, p 64-byte aligned) into 8 independent
+ * accumulators, so the adds never limit the loads; the sum is returned so the loads
+ * cannot be dropped. */
+#define READ_STEP 128 /* floats per loop iteration: 512 bytes, 8 cache lines */
+
+typedef float (*read_fn)(const float *p, size_t n);
+
+__attribute__((target("avx512f"))) static float read_avx512(const float *p, size_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (size_t i = 0; i < n; i += READ_STEP) {
+    a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i + 0));
+    a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
+    a4 = _mm512_add_ps(a4, _mm512_load_ps(p + i + 64));
+    a5 = _mm512_add_ps(a5, _mm512_load_ps(p + i + 80));
+    a6 = _mm512_add_ps(a6, _mm512_load_ps(p + i + 96));
+    a7 = _mm512_add_ps(a7, _mm512_load_ps(p + i + 112));
+  }
+  __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                           _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+  return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2"))) static float read_avx2(const float *p, size_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (size_t i = 0; i < n; i += READ_STEP) {
+    /* 16 loads of 32 bytes; 8 accumulators, each fed twice */
+    a0 = _mm256_add_ps(a0, _mm256_add_ps(_mm256_load_ps(p + i + 0), _mm256_load_ps(p + i + 8)));
+    a1 = _mm256_add_ps(a1, _mm256_add_ps(_mm256_load_ps(p + i + 16), _mm256_load_ps(p + i + 24)));
+    a2 = _mm256_add_ps(a2, _mm256_add_ps(_mm256_load_ps(p + i + 32), _mm256_load_ps(p + i + 40)));
+    a3 = _mm256_add_ps(a3, _mm256_add_ps(_mm256_load_ps(p + i + 48), _mm256_load_ps(p + i + 56)));
+    a4 = _mm256_add_ps(a4, _mm256_add_ps(_mm256_load_ps(p + i + 64), _mm256_load_ps(p + i + 72)));
+    a5 = _mm256_add_ps(a5, _mm256_add_ps(_mm256_load_ps(p + i + 80), _mm256_load_ps(p + i + 88)));
+    a6 = _mm256_add_ps(a6, _mm256_add_ps(_mm256_load_ps(p + i + 96), _mm256_load_ps(p + i + 104)));
+    a7 = _mm256_add_ps(a7, _mm256_add_ps(_mm256_load_ps(p + i + 112), _mm256_load_ps(p + i + 120)));
+  }
+  __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                           _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+/* Portable fallback (the compiler's baseline vectorisation). */
+static float read_scalar(const float *p, size_t n) {
+  float a[8] = {0};
+  for (size_t i = 0; i < n; i += 8)
+    for (int j = 0; j < 8; j++) a[j] += p[i + j];
+  return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+}
+
+/* ---- FMA peak kernels -------------------------------------------------------------
+ * Independent chains x = x * a + b, enough of them to cover FMA latency times the number
+ * of FMA ports (4 cycles x 2 ports = 8 on current Intel/AMD cores), all in registers
+ * (16 + 2 of 32 zmm; 12 + 2 of 16 ymm). a = 1 - 2^-20 and b = 2^-20 pull every chain
+ * towards 1, so nothing overflows or goes denormal however long it runs. */
+#define FMA_A (1.0f - 0x1p-20f)
+#define FMA_B 0x1p-20f
+
+typedef float (*fma_fn)(int64_t iters);
+
+#define FMA_CHAINS_AVX512 16
+__attribute__((target("avx512f"))) static float fma_avx512(int64_t iters) {
+  const __m512 a = _mm512_set1_ps(FMA_A), b = _mm512_set1_ps(FMA_B);
+  __m512 c0 = _mm512_set1_ps(0.50f), c1 = _mm512_set1_ps(0.55f), c2 = _mm512_set1_ps(0.60f),
+         c3 = _mm512_set1_ps(0.65f), c4 = _mm512_set1_ps(0.70f), c5 = _mm512_set1_ps(0.75f),
+         c6 = _mm512_set1_ps(0.80f), c7 = _mm512_set1_ps(0.85f), c8 = _mm512_set1_ps(0.90f),
+         c9 = _mm512_set1_ps(0.95f), c10 = _mm512_set1_ps(1.05f), c11 = _mm512_set1_ps(1.10f),
+         c12 = _mm512_set1_ps(1.15f), c13 = _mm512_set1_ps(1.20f), c14 = _mm512_set1_ps(1.25f),
+         c15 = _mm512_set1_ps(1.30f);
+  for (int64_t i = 0; i < iters; i++) {
+    c0 = _mm512_fmadd_ps(c0, a, b);
+    c1 = _mm512_fmadd_ps(c1, a, b);
+    c2 = _mm512_fmadd_ps(c2, a, b);
+    c3 = _mm512_fmadd_ps(c3, a, b);
+    c4 = _mm512_fmadd_ps(c4, a, b);
+    c5 = _mm512_fmadd_ps(c5, a, b);
+    c6 = _mm512_fmadd_ps(c6, a, b);
+    c7 = _mm512_fmadd_ps(c7, a, b);
+    c8 = _mm512_fmadd_ps(c8, a, b);
+    c9 = _mm512_fmadd_ps(c9, a, b);
+    c10 = _mm512_fmadd_ps(c10, a, b);
+    c11 = _mm512_fmadd_ps(c11, a, b);
+    c12 = _mm512_fmadd_ps(c12, a, b);
+    c13 = _mm512_fmadd_ps(c13, a, b);
+    c14 = _mm512_fmadd_ps(c14, a, b);
+    c15 = _mm512_fmadd_ps(c15, a, b);
+  }
+  __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                           _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
+  s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
+                                     _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
+  return _mm512_reduce_add_ps(s);
+}
+
+#define FMA_CHAINS_AVX2 12
+__attribute__((target("avx2,fma"))) static float fma_avx2(int64_t iters) {
+  const __m256 a = _mm256_set1_ps(FMA_A), b = _mm256_set1_ps(FMA_B);
+  __m256 c0 = _mm256_set1_ps(0.50f), c1 = _mm256_set1_ps(0.55f), c2 = _mm256_set1_ps(0.60f),
+         c3 = _mm256_set1_ps(0.65f), c4 = _mm256_set1_ps(0.70f), c5 = _mm256_set1_ps(0.75f),
+         c6 = _mm256_set1_ps(0.80f), c7 = _mm256_set1_ps(0.85f), c8 = _mm256_set1_ps(0.90f),
+         c9 = _mm256_set1_ps(0.95f), c10 = _mm256_set1_ps(1.05f), c11 = _mm256_set1_ps(1.10f);
+  for (int64_t i = 0; i < iters; i++) {
+    c0 = _mm256_fmadd_ps(c0, a, b);
+    c1 = _mm256_fmadd_ps(c1, a, b);
+    c2 = _mm256_fmadd_ps(c2, a, b);
+    c3 = _mm256_fmadd_ps(c3, a, b);
+    c4 = _mm256_fmadd_ps(c4, a, b);
+    c5 = _mm256_fmadd_ps(c5, a, b);
+    c6 = _mm256_fmadd_ps(c6, a, b);
+    c7 = _mm256_fmadd_ps(c7, a, b);
+    c8 = _mm256_fmadd_ps(c8, a, b);
+    c9 = _mm256_fmadd_ps(c9, a, b);
+    c10 = _mm256_fmadd_ps(c10, a, b);
+    c11 = _mm256_fmadd_ps(c11, a, b);
+  }
+  __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
+                           _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)));
+  s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11)));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+/* ---- timing ------------------------------------------------------------------------ */
+
+/* Everything a kernel returns lands here, so no call can be optimised away. */
+static volatile float sink;
+
+/* Seconds for `threads` threads to read their shares of buf[0..n) once. */
+static double time_read(read_fn f, const float *buf, size_t n, int threads) {
+  float total = 0;
+  double t0 = kvl_bench_now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+    size_t steps = n / READ_STEP, t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+    size_t lo = steps * t / nt * READ_STEP, hi = steps * (t + 1) / nt * READ_STEP;
+    total += f(buf + lo, hi - lo);
+  }
+  double dt = kvl_bench_now() - t0;
+  sink += total;
+  return dt;
+}
+
+/* Seconds for `threads` threads to each run `iters` iterations of an FMA kernel. */
+static double time_fma(fma_fn f, int64_t iters, int threads) {
+  float total = 0;
+  double t0 = kvl_bench_now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  total += f(iters);
+  double dt = kvl_bench_now() - t0;
+  sink += total;
+  return dt;
+}
+
+/* ---- main -------------------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+  fprintf(f,
+    "usage: bench-roofline [options]\n"
+    "\n"
+    "Measure this machine's memory read bandwidth and fp32 FMA peak, one thread and all\n"
+    "cores; write <out>/roofline.json and <out>/roofline.md. Run it on a quiet machine.\n"
+    "\n"
+    "  --mib N        read buffer in MiB (default 2048; keep it far above the L3 cache)\n"
+    "  -r, --runs N   timed runs per figure, after one warm-up (default 5)\n"
+    "  -t, --threads N  threads for the all-cores figures (default: online cores)\n"
+    "  --out DIR      where to write the results (default bench/results)\n"
+    "  -h, --help     this text\n");
+}
+
+static long parse_pos(const char *s, const char *what) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || v < 1) {
+    fprintf(stderr, "bench-roofline: %s must be a positive integer, not '%s'\n", what, s);
+    exit(2);
+  }
+  return v;
+}
+
+int main(int argc, char **argv) {
+  enum { O_MIB = 1000, O_OUT };
+  static const struct option opts[] = {
+    {"mib", required_argument, 0, O_MIB}, {"runs", required_argument, 0, 'r'},
+    {"threads", required_argument, 0, 't'}, {"out", required_argument, 0, O_OUT},
+    {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  long mib = 2048, runs = 5, cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const char *out = "bench/results";
+  int c;
+  while ((c = getopt_long(argc, argv, "r:t:h", opts, NULL)) != -1) {
+    switch (c) {
+    case O_MIB: mib = parse_pos(optarg, "--mib"); break;
+    case 'r': runs = parse_pos(optarg, "--runs"); break;
+    case 't': cores = parse_pos(optarg, "--threads"); break;
+    case O_OUT: out = optarg; break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc) { fprintf(stderr, "bench-roofline: unexpected argument '%s'\n", argv[optind]); return 2; }
+  if (cores < 1) cores = 1;
+  omp_set_dynamic(0);
+
+  __builtin_cpu_init();
+  const bool has512 = __builtin_cpu_supports("avx512f");
+  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  kvl_bench_report_t *rep = kvl_bench_report_new("roofline", argc, argv);
+  double *s = malloc((size_t)runs * sizeof(*s));
+  if (!rep || !s) { fprintf(stderr, "bench-roofline: out of memory\n"); return 1; }
+  int thread_counts[2] = {1, (int)cores};
+  int n_counts = cores > 1 ? 2 : 1;
+  struct kvl_bench_stats st;
+
+  /* Bandwidth. A 2 MiB-aligned buffer, advised onto huge pages so TLB misses do not
+   * cost bandwidth, first touched by the threads that read it. */
+  const size_t bytes = (size_t)mib << 20, n = bytes / sizeof(float);
+  float *buf = aligned_alloc(2u << 20, bytes);
+  if (!buf) { fprintf(stderr, "bench-roofline: cannot allocate %ld MiB\n", mib); return 1; }
+  madvise(buf, bytes, MADV_HUGEPAGE);
+#pragma omp parallel for schedule(static) num_threads((int)cores)
+  for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023) * (1.0f / 1024.0f);
+  read_fn rf = has512 ? read_avx512 : has2 ? read_avx2 : read_scalar;
+  const char *risa = has512 ? "avx512" : has2 ? "avx2" : "scalar";
+  for (int k = 0; k < n_counts; k++) {
+    int th = thread_counts[k];
+    time_read(rf, buf, n, th); /* warm-up */
+    for (long r = 0; r < runs; r++) {
+      s[r] = (double)bytes / time_read(rf, buf, n, th) / 1e9;
+      fprintf(stderr, "roofline-bandwidth %s threads=%d run %ld/%ld: %.2f GB/s\n", risa, th, r + 1, runs, s[r]);
+    }
+    kvl_bench_stats_compute(s, (int)runs, &st);
+    json_t *o = kvl_bench_report_add(rep, NULL, "roofline-bandwidth", st.median, "GB/s", (int)runs, st.sd);
+    json_object_set_new(o, "threads", json_integer(th));
+    json_object_set_new(o, "isa", json_string(risa));
+    json_object_set_new(o, "buffer_mib", json_integer(mib));
+    json_object_set_new(o, "best", json_real(st.max));
+    printf("roofline-bandwidth  %-6s threads=%-3d %8.2f GB/s  (sd %.2f, best %.2f)\n", risa, th, st.median, st.sd,
+           st.max);
+  }
+  free(buf);
+
+  /* FMA peak, per ISA the processor has. Iterations are calibrated so that one run
+   * takes about 0.25 s on one thread. */
+  struct { const char *isa; fma_fn f; int chains, lanes; bool ok; } isas[] = {
+    {"avx512", fma_avx512, FMA_CHAINS_AVX512, 16, has512},
+    {"avx2", fma_avx2, FMA_CHAINS_AVX2, 8, has2},
+  };
+  for (size_t k = 0; k < sizeof(isas) / sizeof(isas[0]); k++) {
+    if (!isas[k].ok) {
+      fprintf(stderr, "roofline-flops: %s not supported by this processor, skipped\n", isas[k].isa);
+      continue;
+    }
+    int64_t iters = 1 << 16;
+    double dt;
+    while ((dt = time_fma(isas[k].f, iters, 1)) < 0.02) iters *= 8;
+    iters = (int64_t)((double)iters * 0.25 / dt) + 1;
+    const double flop_per_thread = (double)iters * isas[k].chains * isas[k].lanes * 2.0;
+    for (int t = 0; t < n_counts; t++) {
+      int th = thread_counts[t];
+      time_fma(isas[k].f, iters, th); /* warm-up (and frequency settling) */
+      for (long r = 0; r < runs; r++) {
+        s[r] = flop_per_thread * th / time_fma(isas[k].f, iters, th) / 1e9;
+        fprintf(stderr, "roofline-flops %s threads=%d run %ld/%ld: %.1f GFLOP/s\n", isas[k].isa, th, r + 1, runs,
+                s[r]);
+      }
+      kvl_bench_stats_compute(s, (int)runs, &st);
+      json_t *o = kvl_bench_report_add(rep, NULL, "roofline-flops", st.median, "GFLOP/s", (int)runs, st.sd);
+      json_object_set_new(o, "dtype", json_string("f32"));
+      json_object_set_new(o, "isa", json_string(isas[k].isa));
+      json_object_set_new(o, "threads", json_integer(th));
+      json_object_set_new(o, "best", json_real(st.max));
+      printf("roofline-flops      %-6s threads=%-3d %8.1f GFLOP/s  (sd %.1f, best %.1f)\n", isas[k].isa, th,
+             st.median, st.sd, st.max);
+    }
+  }
+
+  int rc = kvl_bench_report_write(rep, out);
+  if (rc == 0) printf("wrote %s/roofline.json and %s/roofline.md\n", out, out);
+  kvl_bench_report_free(rep);
+  free(s);
+  return rc < 0 ? 1 : 0;
+}
