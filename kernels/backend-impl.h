@@ -30,6 +30,13 @@ struct kvl__simd {
 
 int kvl__dequant_avx512(uint32_t type, const void *src, float *dst, int64_t n);
 
+/* Decode path with int8 activations (cpu/qdot_avx512.c, AVX-512 VNNI): quantise one row
+ * of K activations per 32 (q, scales d[K/32], sums of 16 s16[K/16]); dot one weight row
+ * with it. KVL_ENOTSUP for formats it does not cover. */
+void kvl__q8_act(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
+int kvl__qdot_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd,
+                         const int32_t *xs, float *out);
+
 extern const struct kvl__simd kvl__simd_scalar;
 extern const struct kvl__simd kvl__simd_avx2;
 extern const struct kvl__simd kvl__simd_avx512;
@@ -38,6 +45,9 @@ struct kvl_backend {
   const char *name;                  /* "cpu-avx512", ... */
   const struct kvl_backend_ops *ops;
   const struct kvl__simd *simd;      /* CPU backend: the dispatched level */
+  /* CPU backend: int8-activation decode kernels (NULL where the level has none) */
+  int (*qdot)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd, const int32_t *xs,
+              float *out);
 };
 
 #endif

@@ -13,6 +13,46 @@
 #include "kvl_error.h"
 
 #define KVL__ROWS 16 /* weight rows dequantised per tile */
+#define KVL__QDOT_MAX_T 4 /* the int8 decode path serves batches up to this many tokens */
+
+/* KVL_DECODE=exact turns the int8-activation decode path off (fp32 everywhere). */
+static bool int8_decode_enabled(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("KVL_DECODE");
+    on = !(e && !strcmp(e, "exact"));
+  }
+  return on;
+}
+
+static bool qdot_type(uint32_t t) {
+  return t == KVL_TYPE_Q8_0 || t == KVL_TYPE_Q5_0 || t == KVL_TYPE_Q4_K || t == KVL_TYPE_Q6_K;
+}
+
+/* Small batches on quantised weights: activations to int8 once, then one pass over the
+ * weight rows with VNNI dot products. */
+static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
+  const int64_t K = w->cols, N = w->rows;
+  const size_t rb = kvl_row_size(w->type, (uint64_t)K);
+  int8_t *xq = malloc((size_t)n_tokens * (size_t)K);
+  float *xd = malloc((size_t)n_tokens * (size_t)(K / 32) * sizeof(float));
+  int32_t *xs = malloc((size_t)n_tokens * (size_t)(K / 16) * sizeof(int32_t));
+  KVL_ASSERT(xq && xd && xs);
+  for (int t = 0; t < n_tokens; t++)
+    kvl__q8_act(x + (int64_t)t * K, K, xq + (int64_t)t * K, xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16));
+#pragma omp parallel for schedule(dynamic, 64)
+  for (int64_t r = 0; r < N; r++) {
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+    for (int t = 0; t < n_tokens; t++) {
+      float v;
+      be->qdot(w->type, row, K, xq + (int64_t)t * K, xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16), &v);
+      y[(int64_t)t * N + r] = v + (w->bias ? w->bias[r] : 0.0f);
+    }
+  }
+  free(xq);
+  free(xd);
+  free(xs);
+}
 
 static inline const struct kvl__simd *S(const kvl_backend_t *be) { return be->simd; }
 
@@ -26,6 +66,10 @@ static bool cpu_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype
 }
 
 static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
+  if (be->qdot && n_tokens <= KVL__QDOT_MAX_T && qdot_type(w->type) && int8_decode_enabled()) {
+    qdot_matmul(be, w, x, y, n_tokens);
+    return;
+  }
   const struct kvl__simd *s = S(be);
   const int64_t K = w->cols, N = w->rows;
   const size_t rb = kvl_row_size(w->type, (uint64_t)K);
@@ -198,17 +242,20 @@ static const struct kvl_backend_ops cpu_ops = {
   .attention = cpu_attention,
 };
 
-static kvl_backend_t be_scalar = {"cpu-scalar", &cpu_ops, &kvl__simd_scalar};
-static kvl_backend_t be_avx2 = {"cpu-avx2", &cpu_ops, &kvl__simd_avx2};
-static kvl_backend_t be_avx512 = {"cpu-avx512", &cpu_ops, &kvl__simd_avx512};
+static kvl_backend_t be_scalar = {"cpu-scalar", &cpu_ops, &kvl__simd_scalar, NULL};
+static kvl_backend_t be_avx2 = {"cpu-avx2", &cpu_ops, &kvl__simd_avx2, NULL};
+static kvl_backend_t be_avx512 = {"cpu-avx512", &cpu_ops, &kvl__simd_avx512, NULL};
+static kvl_backend_t be_avx512vnni = {"cpu-avx512-vnni", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni};
 
 kvl_backend_t *kvl_backend_cpu_level(const char *level) {
   __builtin_cpu_init();
   if (!strcmp(level, "scalar")) return &be_scalar;
   if (!strcmp(level, "avx2"))
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &be_avx2 : NULL;
-  if (!strcmp(level, "avx512"))
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? &be_avx512 : NULL;
+  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl");
+  if (!strcmp(level, "avx512")) return avx512 ? &be_avx512 : NULL;
+  if (!strcmp(level, "avx512vnni")) return avx512 && __builtin_cpu_supports("avx512vnni") ? &be_avx512vnni : NULL;
   return NULL;
 }
 
@@ -221,6 +268,7 @@ kvl_backend_t *kvl_backend_cpu(void) {
     be = kvl_backend_cpu_level(force);
     if (!be) fprintf(stderr, "kvlingo: KVL_CPU=%s is not available on this processor; choosing automatically\n", force);
   }
+  if (!be) be = kvl_backend_cpu_level("avx512vnni");
   if (!be) be = kvl_backend_cpu_level("avx512");
   if (!be) be = kvl_backend_cpu_level("avx2");
   if (!be) be = &be_scalar;
@@ -259,6 +307,6 @@ static void ref_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
 
 static const struct kvl_backend_ops ref_ops = {ref_supports, ref_matmul, ref_rmsnorm, ref_rope,
                                                ref_swiglu, ref_embed, ref_attention};
-static kvl_backend_t be_ref = {"ref", &ref_ops, &kvl__simd_scalar};
+static kvl_backend_t be_ref = {"ref", &ref_ops, &kvl__simd_scalar, NULL};
 
 kvl_backend_t *kvl_backend_ref(void) { return &be_ref; }

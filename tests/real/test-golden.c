@@ -4,6 +4,7 @@
  *
  *   test-golden MODEL.gguf GOLDEN.gguf [--kv f32|bf16] [--chunk N] [--lp-bound X] [--prompts N]
  *                 [--argmax-tol FRACTION]
+ *                 [--kv-bound X] [--decode N]   (the last N positions one token per forward: the decode path)
  *
  * Per prompt, the prompt runs as chunked prefill (N tokens per forward, default 128)
  * with logits at every position, on blocks handed out in a scattered order. Checks:
@@ -62,6 +63,8 @@ int main(int argc, char **argv) {
   int chunk = 128;
   double lp_bound = 2e-3; /* f32 KV: see tests/oracle/README.md "Bounds" */
   int max_prompts = 1 << 30;
+  double kv_bound_arg = 0; /* 0: by KV dtype */
+  int decode_last = 0;   /* the last N positions of each prompt run one token per forward (decode path) */
   double argmax_tol = 0; /* fraction of confident positions allowed to differ (bf16 KV) */
   for (int i = 3; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--kv")) dt = !strcmp(argv[i + 1], "bf16") ? KVL_KV_BF16 : KVL_KV_F32;
@@ -69,6 +72,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--lp-bound")) lp_bound = atof(argv[i + 1]);
     else if (!strcmp(argv[i], "--prompts")) max_prompts = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--argmax-tol")) argmax_tol = atof(argv[i + 1]);
+    else if (!strcmp(argv[i], "--decode")) decode_last = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--kv-bound")) kv_bound_arg = atof(argv[i + 1]);
   }
   if (access(argv[1], R_OK) || access(argv[2], R_OK)) {
     printf("skip: %s or %s missing (scripts/fetch-models)\n", argv[1], argv[2]);
@@ -129,8 +134,9 @@ int main(int argc, char **argv) {
     double max_lp = 0, nll = 0;
     int bad = 0, cnt = 0;
     double t0 = now();
-    for (int c0 = 0; c0 < n; c0 += chunk) {
-      int T = n - c0 < chunk ? n - c0 : chunk;
+    int n_pre = decode_last > 0 && decode_last < n ? n - decode_last : n;
+    for (int c0 = 0, T = 0; c0 < n; c0 += T) {
+      T = c0 >= n_pre ? 1 : (n_pre - c0 < chunk ? n_pre - c0 : chunk);
       for (int t = 0; t < T; t++) pos[t] = c0 + t;
       float *kp[8], *vp[8];
       for (uint64_t l = 0; l < n_layers; l++) { kp[l] = kpre[l] + (size_t)c0 * KV; vp[l] = vcap[l] + (size_t)c0 * KV; }
@@ -192,7 +198,7 @@ int main(int argc, char **argv) {
     free(kr); free(lg); free(ls); free(pos); free(seq); free(pool); free(table);
     for (uint64_t l = 0; l < n_layers; l++) { free(kpre[l]); free(vcap[l]); }
   }
-  double kv_bound = dt == KVL_KV_BF16 ? 1e-1 : 1e-4;
+  double kv_bound = kv_bound_arg > 0 ? kv_bound_arg : dt == KVL_KV_BF16 ? 1e-1 : 1e-4;
   printf("worst: max|dlogp| %.3e (bound %.3g)  argmax %d/%d differ  ppl %.3f%% (bound 1%%)  K/V %.2e (bound %.0e)  "
          "%.1f tok/s prefill over %" PRId64 " tokens\n",
          worst_lp, lp_bound, argmax_bad, argmax_n, 100 * worst_ppl, worst_kv, kv_bound, tok_total / t_total, tok_total);
