@@ -192,6 +192,9 @@ static void test_refusals(void) {
 }
 
 int main(void) {
+  /* compare exact arithmetic: the int8-activation decode path has its own bounds
+   * (test-backend-ops, and the real-model decode goldens) */
+  setenv("KVL_DECODE", "exact", 1);
   RUN(test_mixed_batches);
   RUN(test_tied);
   RUN(test_refusals);
