@@ -7,16 +7,6 @@
 #include "kvl_chat.h"
 #include "kvl_error.h"
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 /* Markers cannot occur in valid content: they use a private-use code point pair. */
 #define MARK_OPEN "\xef\xb7\x90kvl"  /* U+FDD0 (a noncharacter) + "kvl" */
 #define MARK_CLOSE "\xef\xb7\x91"    /* U+FDD1 */
@@ -55,7 +45,7 @@ int kvl_chat_encode(const kvl_template_t *t, const kvl_tokenizer_t *tk, const js
   char *real = NULL, *marked = NULL, *rebuilt = NULL;
   size_t rl = 0, ml = 0, *spans = NULL, n_spans = 0;
   int rc;
-  if (!real_ctx || !mark_ctx) { rc = fail(err, errlen, KVL_ENOMEM, "out of memory"); goto out; }
+  if (!real_ctx || !mark_ctx) { rc = kvl_errf(err, errlen, KVL_ENOMEM, "out of memory"); goto out; }
   if ((rc = kvl_template_render(t, real_ctx, &real, &rl, err, errlen)) < 0) goto out;
   bool ok = kvl_template_render(t, mark_ctx, &marked, &ml, NULL, 0) == 0;
   /* put the contents back at the markers, recording where they land */
@@ -88,7 +78,7 @@ int kvl_chat_encode(const kvl_template_t *t, const kvl_tokenizer_t *tk, const js
   }
   if (literal_ok) *literal_ok = ok;
   rc = kvl_tokenizer_encode_spans(tk, real, rl, true, ok ? spans : NULL, ok ? n_spans : 0, ids, n_ids);
-  if (rc < 0) fail(err, errlen, rc, "cannot tokenize the rendered conversation: %s", kvl_strerror(rc));
+  if (rc < 0) kvl_errf(err, errlen, rc, "cannot tokenize the rendered conversation: %s", kvl_strerror(rc));
   if (rc == 0 && text_out) { *text_out = real; real = NULL; }
 out:
   free(real);
@@ -104,7 +94,7 @@ int kvl_chat_encode_user(const kvl_model_t *m, const kvl_tokenizer_t *tk, const 
                          int32_t **ids, size_t *n_ids, char *err, size_t errlen) {
   const char *src;
   if (kvl_gguf_get_str(kvl_model_gguf(m), "tokenizer.chat_template", &src) < 0)
-    return fail(err, errlen, KVL_ENOTSUP, "the model has no chat template (tokenizer.chat_template)");
+    return kvl_errf(err, errlen, KVL_ENOTSUP, "the model has no chat template (tokenizer.chat_template)");
   kvl_template_t *t;
   int rc = kvl_template_parse(src, &t, err, errlen);
   if (rc < 0) return rc;

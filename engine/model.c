@@ -8,16 +8,6 @@
 #include "kvl_error.h"
 #include "model-impl.h"
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 /* Integer hyper-parameter "<arch>.<key>", required and within [lo, hi]. */
 static int hp_int(const kvl_gguf_t *g, const char *arch, const char *key, int lo, int hi, int *out, char *err,
                   size_t errlen) {
@@ -25,9 +15,9 @@ static int hp_int(const kvl_gguf_t *g, const char *arch, const char *key, int lo
   snprintf(k, sizeof(k), "%s.%s", arch, key);
   int64_t v;
   int rc = kvl_gguf_get_int(g, k, &v);
-  if (rc == KVL_ENOENT) return fail(err, errlen, KVL_EFORMAT, "missing metadata key '%s'", k);
-  if (rc < 0) return fail(err, errlen, KVL_EFORMAT, "metadata key '%s' is not an integer", k);
-  if (v < lo || v > hi) return fail(err, errlen, KVL_EFORMAT, "metadata '%s' = %lld is out of range [%d, %d]", k, (long long)v, lo, hi);
+  if (rc == KVL_ENOENT) return kvl_errf(err, errlen, KVL_EFORMAT, "missing metadata key '%s'", k);
+  if (rc < 0) return kvl_errf(err, errlen, KVL_EFORMAT, "metadata key '%s' is not an integer", k);
+  if (v < lo || v > hi) return kvl_errf(err, errlen, KVL_EFORMAT, "metadata '%s' = %lld is out of range [%d, %d]", k, (long long)v, lo, hi);
   *out = (int)v;
   return 0;
 }
@@ -39,7 +29,7 @@ static int hp_float(const kvl_gguf_t *g, const char *arch, const char *key, floa
   double v;
   int rc = kvl_gguf_get_float(g, k, &v);
   if (rc == KVL_ENOENT) { *out = def; return 0; }
-  if (rc < 0 || !(v > 0)) return fail(err, errlen, KVL_EFORMAT, "metadata key '%s' must be a positive number", k);
+  if (rc < 0 || !(v > 0)) return kvl_errf(err, errlen, KVL_EFORMAT, "metadata key '%s' must be a positive number", k);
   *out = (float)v;
   return 0;
 }
@@ -49,23 +39,23 @@ static int hp_float(const kvl_gguf_t *g, const char *arch, const char *key, floa
 static int get_tensor(const kvl_gguf_t *g, const char *name, int64_t cols, int64_t rows, struct kvl_weight *w,
                       const float **vec, char *err, size_t errlen) {
   const struct kvl_gguf_tensor *t = kvl_gguf_find_tensor(g, name);
-  if (!t) return fail(err, errlen, KVL_EFORMAT, "missing tensor '%s'", name);
+  if (!t) return kvl_errf(err, errlen, KVL_EFORMAT, "missing tensor '%s'", name);
   if (rows == 0) {
     if (t->n_dims != 1 || t->ne[0] != (uint64_t)cols)
-      return fail(err, errlen, KVL_EMISMATCH, "tensor '%s' has shape [%llu%s], expected [%lld]", name,
+      return kvl_errf(err, errlen, KVL_EMISMATCH, "tensor '%s' has shape [%llu%s], expected [%lld]", name,
                   (unsigned long long)t->ne[0], t->n_dims > 1 ? ", ..." : "", (long long)cols);
     if (t->type != KVL_TYPE_F32)
-      return fail(err, errlen, KVL_EBADTYPE, "tensor '%s' is %s, expected F32", name, kvl_type_name(t->type));
+      return kvl_errf(err, errlen, KVL_EBADTYPE, "tensor '%s' is %s, expected F32", name, kvl_type_name(t->type));
     *vec = t->data;
     return 0;
   }
   if (t->n_dims != 2 || t->ne[0] != (uint64_t)cols || t->ne[1] != (uint64_t)rows)
-    return fail(err, errlen, KVL_EMISMATCH, "tensor '%s' has shape [%llu, %llu%s], expected [%lld, %lld]", name,
+    return kvl_errf(err, errlen, KVL_EMISMATCH, "tensor '%s' has shape [%llu, %llu%s], expected [%lld, %lld]", name,
                 (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], t->n_dims > 2 ? ", ..." : "",
                 (long long)cols, (long long)rows);
   const struct kvl_type_traits *tt = kvl_type_traits(t->type);
   if (!tt || !tt->can_dequant)
-    return fail(err, errlen, KVL_EBADTYPE, "tensor '%s' has type %s, which kvlingo cannot compute with yet", name,
+    return kvl_errf(err, errlen, KVL_EBADTYPE, "tensor '%s' has type %s, which kvlingo cannot compute with yet", name,
                 kvl_type_name(t->type));
   *w = (struct kvl_weight){t->type, cols, rows, t->data, NULL};
   return 0;
@@ -86,16 +76,16 @@ static int load_qwen2(struct kvl_model *m, char *err, size_t errlen) {
       (rc = hp_float(g, a, "attention.layer_norm_rms_epsilon", 1e-6f, &hp->rms_eps, err, errlen)))
     return rc;
   if (hp->n_embd % hp->n_head)
-    return fail(err, errlen, KVL_EFORMAT, "embedding width %d is not a multiple of the %d heads", hp->n_embd, hp->n_head);
+    return kvl_errf(err, errlen, KVL_EFORMAT, "embedding width %d is not a multiple of the %d heads", hp->n_embd, hp->n_head);
   if (hp->n_head % hp->n_kv_head)
-    return fail(err, errlen, KVL_EFORMAT, "%d query heads cannot be grouped over %d KV heads", hp->n_head, hp->n_kv_head);
+    return kvl_errf(err, errlen, KVL_EFORMAT, "%d query heads cannot be grouped over %d KV heads", hp->n_head, hp->n_kv_head);
   hp->head_dim = hp->n_embd / hp->n_head;
   if ((rc = kvl_rope_init(&m->rope, hp->head_dim, hp->rope_theta)) < 0)
-    return fail(err, errlen, KVL_EFORMAT, "unsupported head dimension %d for RoPE", hp->head_dim);
+    return kvl_errf(err, errlen, KVL_EFORMAT, "unsupported head dimension %d for RoPE", hp->head_dim);
   const struct kvl_gguf_tensor *emb = kvl_gguf_find_tensor(g, "token_embd.weight");
-  if (!emb) return fail(err, errlen, KVL_EFORMAT, "missing tensor 'token_embd.weight'");
+  if (!emb) return kvl_errf(err, errlen, KVL_EFORMAT, "missing tensor 'token_embd.weight'");
   if (emb->n_dims != 2 || emb->ne[1] < 1 || emb->ne[1] > (1u << 24))
-    return fail(err, errlen, KVL_EMISMATCH, "tensor 'token_embd.weight' is not a [n_embd, n_vocab] matrix");
+    return kvl_errf(err, errlen, KVL_EMISMATCH, "tensor 'token_embd.weight' is not a [n_embd, n_vocab] matrix");
   hp->n_vocab = (int)emb->ne[1];
   const int E = hp->n_embd, KV = hp->n_kv_head * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
   const float *dummy;
@@ -107,7 +97,7 @@ static int load_qwen2(struct kvl_model *m, char *err, size_t errlen) {
   else if ((rc = get_tensor(g, "output.weight", E, V, &m->output, &dummy, err, errlen))) return rc;
 
   m->layers = calloc((size_t)hp->n_layer, sizeof(*m->layers));
-  if (!m->layers) return fail(err, errlen, KVL_ENOMEM, "out of memory");
+  if (!m->layers) return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory");
   for (int i = 0; i < hp->n_layer; i++) {
     struct kvl_layer *L = &m->layers[i];
     char n[20][64];
@@ -137,7 +127,7 @@ int kvl_model_from_gguf(kvl_gguf_t *g, const char *name, kvl_model_t **out, char
   if (err && errlen) err[0] = '\0';
   const char *arch;
   if (kvl_gguf_get_str(g, "general.architecture", &arch) < 0)
-    return fail(err, errlen, KVL_EFORMAT, "missing metadata key 'general.architecture'");
+    return kvl_errf(err, errlen, KVL_EFORMAT, "missing metadata key 'general.architecture'");
   struct kvl_model *m = calloc(1, sizeof(*m));
   if (!m) return KVL_ENOMEM;
   m->gguf = g;
@@ -148,7 +138,7 @@ int kvl_model_from_gguf(kvl_gguf_t *g, const char *name, kvl_model_t **out, char
   if (!strcmp(arch, "qwen2")) {
     rc = load_qwen2(m, err, errlen);
   } else {
-    rc = fail(err, errlen, KVL_ENOTSUP, "unsupported architecture '%s' (supported: qwen2)", arch);
+    rc = kvl_errf(err, errlen, KVL_ENOTSUP, "unsupported architecture '%s' (supported: qwen2)", arch);
   }
   if (rc < 0) {
     m->gguf = NULL; /* the caller keeps g on failure */
@@ -163,11 +153,11 @@ int kvl_model_open(const char *path, kvl_model_t **out, char *err, size_t errlen
   kvl_gguf_t *g;
   char e[256];
   int rc = kvl_gguf_open(path, &g, e, sizeof(e));
-  if (rc < 0) return fail(err, errlen, rc, "%s", e);
+  if (rc < 0) return kvl_errf(err, errlen, rc, "%s", e);
   rc = kvl_model_from_gguf(g, path, out, e, sizeof(e));
   if (rc < 0) {
     kvl_gguf_free(g);
-    return fail(err, errlen, rc, "%s: %s", path, e);
+    return kvl_errf(err, errlen, rc, "%s: %s", path, e);
   }
   return 0;
 }

@@ -48,16 +48,6 @@ struct kvl_tokenizer {
   pcre2_code *re;
 };
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 static uint64_t fnv(const char *s, size_t n) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
@@ -185,19 +175,19 @@ int kvl_tokenizer_from_gguf(const kvl_gguf_t *g, kvl_tokenizer_t **out, char *er
   *out = NULL;
   const char *model;
   if (kvl_gguf_get_str(g, "tokenizer.ggml.model", &model) < 0)
-    return fail(err, errlen, KVL_EFORMAT, "missing metadata key 'tokenizer.ggml.model'");
+    return kvl_errf(err, errlen, KVL_EFORMAT, "missing metadata key 'tokenizer.ggml.model'");
   if (strcmp(model, "gpt2"))
-    return fail(err, errlen, KVL_ENOTSUP, "tokenizer model '%s' is not supported yet (supported: gpt2 byte-level BPE)", model);
+    return kvl_errf(err, errlen, KVL_ENOTSUP, "tokenizer model '%s' is not supported yet (supported: gpt2 byte-level BPE)", model);
   const char *pre = "default";
   kvl_gguf_get_str(g, "tokenizer.ggml.pre", &pre);
   if (strcmp(pre, "qwen2"))
-    return fail(err, errlen, KVL_ENOTSUP, "pre-tokenizer '%s' is not supported yet (supported: qwen2)", pre);
+    return kvl_errf(err, errlen, KVL_ENOTSUP, "pre-tokenizer '%s' is not supported yet (supported: qwen2)", pre);
   enum kvl_gguf_vtype et;
   uint64_t nv, nm, ntt;
   if (kvl_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &nv) < 0 || et != KVL_GGUF_STRING || nv == 0 || nv > (1u << 24))
-    return fail(err, errlen, KVL_EFORMAT, "missing or malformed 'tokenizer.ggml.tokens'");
+    return kvl_errf(err, errlen, KVL_EFORMAT, "missing or malformed 'tokenizer.ggml.tokens'");
   if (kvl_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &nm) < 0 || et != KVL_GGUF_STRING)
-    return fail(err, errlen, KVL_EFORMAT, "missing or malformed 'tokenizer.ggml.merges'");
+    return kvl_errf(err, errlen, KVL_EFORMAT, "missing or malformed 'tokenizer.ggml.merges'");
   bool have_types = kvl_gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &ntt) == 0 && ntt == nv;
 
   kvl_tokenizer_t *tk = calloc(1, sizeof(*tk));
@@ -248,7 +238,7 @@ int kvl_tokenizer_from_gguf(const kvl_gguf_t *g, kvl_tokenizer_t **out, char *er
     char tmp[4];
     size_t l = put_utf8(cp_of_byte[b], tmp);
     tk->byte_id[b] = strmap_get(&tk->vocab, tmp, l);
-    if (tk->byte_id[b] < 0) { rc = fail(err, errlen, KVL_EFORMAT, "vocabulary lacks the token for byte 0x%02x", b); goto fail; }
+    if (tk->byte_id[b] < 0) { rc = kvl_errf(err, errlen, KVL_EFORMAT, "vocabulary lacks the token for byte 0x%02x", b); goto fail; }
   }
 
   /* merges "left right" -> (rank, id of left+right) */
@@ -267,7 +257,7 @@ int kvl_tokenizer_from_gguf(const kvl_gguf_t *g, kvl_tokenizer_t **out, char *er
     const char *sp = memchr(s, ' ', n);
     if (!sp || sp == s || sp == s + n - 1) {
       free(buf);
-      rc = fail(err, errlen, KVL_EFORMAT, "merge %llu ('%.*s') is not 'left right'", (unsigned long long)i, (int)(n > 40 ? 40 : n), s);
+      rc = kvl_errf(err, errlen, KVL_EFORMAT, "merge %llu ('%.*s') is not 'left right'", (unsigned long long)i, (int)(n > 40 ? 40 : n), s);
       goto fail;
     }
     size_t ll = (size_t)(sp - s), rl = n - ll - 1;
@@ -295,13 +285,13 @@ int kvl_tokenizer_from_gguf(const kvl_gguf_t *g, kvl_tokenizer_t **out, char *er
   PCRE2_SIZE eo;
   tk->re = pcre2_compile((PCRE2_SPTR)QWEN2_PATTERN, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK,
                          &ec, &eo, NULL);
-  if (!tk->re) { rc = fail(err, errlen, KVL_EINVAL, "pre-tokenizer pattern does not compile (PCRE2 error %d at %zu)", ec, (size_t)eo); goto fail; }
+  if (!tk->re) { rc = kvl_errf(err, errlen, KVL_EINVAL, "pre-tokenizer pattern does not compile (PCRE2 error %d at %zu)", ec, (size_t)eo); goto fail; }
   pcre2_jit_compile(tk->re, PCRE2_JIT_COMPLETE); /* best effort: the interpreter works too */
   *out = tk;
   return 0;
 fail:
   kvl_tokenizer_free(tk);
-  if (rc == KVL_ENOMEM) fail(err, errlen, rc, "out of memory building the tokenizer");
+  if (rc == KVL_ENOMEM) kvl_errf(err, errlen, rc, "out of memory building the tokenizer");
   return rc;
 }
 

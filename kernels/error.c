@@ -1,4 +1,6 @@
 /* error.c — kvl_strerror and kvl_err_name from the KVL_ERRNO_MAP table. */
+#include <stdarg.h>
+
 #include "kvl_error.h"
 
 const char *kvl_strerror(int code) {
@@ -19,4 +21,14 @@ const char *kvl_err_name(int code) {
 #undef KVL__ERR_NAME
   }
   return "KVL_E?";
+}
+
+int kvl_errf(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
 }

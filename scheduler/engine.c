@@ -106,16 +106,6 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 /* ---- the id map (compute thread) ---------------------------------------------------- */
 
 static size_t map_home(const kvl_engine_t *e, uint64_t id) {
@@ -436,18 +426,18 @@ err_free:
 int kvl_engine_submit(kvl_engine_t *e, const struct kvl_request *r, kvl_engine_cb cb, void *ud, uint64_t *id,
                       char *err, size_t errlen) {
   KVL_ASSERT(e && r && cb && id);
-  if (e->stopping) return fail(err, errlen, KVL_ECANCELED, "the engine is stopping");
+  if (e->stopping) return kvl_errf(err, errlen, KVL_ECANCELED, "the engine is stopping");
   /* what can be refused without the scheduler; the rest is kvl_sched_submit's */
-  if (r->model < 0) return fail(err, errlen, KVL_EINVAL, "unknown model %d", r->model);
-  if (r->n_prompt <= 0 || !r->prompt) return fail(err, errlen, KVL_EINVAL, "the prompt is empty");
-  if (r->max_tokens < 1) return fail(err, errlen, KVL_EINVAL, "max_tokens must be at least 1 (got %d)", r->max_tokens);
+  if (r->model < 0) return kvl_errf(err, errlen, KVL_EINVAL, "unknown model %d", r->model);
+  if (r->n_prompt <= 0 || !r->prompt) return kvl_errf(err, errlen, KVL_EINVAL, "the prompt is empty");
+  if (r->max_tokens < 1) return kvl_errf(err, errlen, KVL_EINVAL, "max_tokens must be at least 1 (got %d)", r->max_tokens);
   if (r->n_stop_ids < 0 || (r->n_stop_ids > 0 && !r->stop_ids))
-    return fail(err, errlen, KVL_EINVAL, "%d stop ids given without an array", r->n_stop_ids);
+    return kvl_errf(err, errlen, KVL_EINVAL, "%d stop ids given without an array", r->n_stop_ids);
   if (r->sampling.n_bias < 0 || (r->sampling.n_bias > 0 && !r->sampling.bias))
-    return fail(err, errlen, KVL_EINVAL, "%d logit-bias entries given without an array", r->sampling.n_bias);
+    return kvl_errf(err, errlen, KVL_EINVAL, "%d logit-bias entries given without an array", r->sampling.n_bias);
   for (int32_t i = 0; i < r->n_prompt; i++)
     if (r->prompt[i] < 0)
-      return fail(err, errlen, KVL_EINVAL, "prompt token %d at position %d is negative", r->prompt[i], i);
+      return kvl_errf(err, errlen, KVL_EINVAL, "prompt token %d at position %d is negative", r->prompt[i], i);
 
   /* one block for the arrays: prompt ++ stop ids ++ bias (int32 sizes: no overflow in size_t) */
   size_t n_prompt = (size_t)r->n_prompt * sizeof(int32_t), n_stop = (size_t)r->n_stop_ids * sizeof(int32_t);
@@ -458,7 +448,7 @@ int kvl_engine_submit(kvl_engine_t *e, const struct kvl_request *r, kvl_engine_c
   if (!j || !data) {
     free(j);
     free(data);
-    return fail(err, errlen, KVL_ENOMEM, "out of memory");
+    return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory");
   }
   j->e = e;
   j->data = data;

@@ -35,16 +35,6 @@ static const uint64_t ROOT_KEY = 0x726f6f74ull; /* parent of a line's first bloc
 
 /* ---- small helpers ----------------------------------------------------------------- */
 
-static int fmt_err(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return KVL_EINVAL;
-}
-
 static void *grow(void *p, int32_t *cap, int32_t need, size_t elem) {
   if (need <= *cap) return p;
   int32_t nc = *cap ? *cap : 8;
@@ -592,68 +582,68 @@ int kvl_pool_check(const kvl_pool_t *p, char *err, size_t errlen) {
   if (!refs) return KVL_ENOMEM;
   int32_t n_lines = 0;
   for (const kvl_line_t *l = p->lines; l; l = l->next, n_lines++) {
-    if (l->n_blocks != (l->len + BLK - 1) / BLK) { rc = fmt_err(err, errlen, "line has %d blocks for %d positions", l->n_blocks, l->len); goto out; }
+    if (l->n_blocks != (l->len + BLK - 1) / BLK) { rc = kvl_errf(err, errlen, KVL_EINVAL, "line has %d blocks for %d positions", l->n_blocks, l->len); goto out; }
     int32_t covered = 0;
     for (int32_t i = 0; i < l->n_runs; i++) {
-      if (l->runs[i].start != covered || l->runs[i].len <= 0) { rc = fmt_err(err, errlen, "writer runs not contiguous at %d", covered); goto out; }
+      if (l->runs[i].start != covered || l->runs[i].len <= 0) { rc = kvl_errf(err, errlen, KVL_EINVAL, "writer runs not contiguous at %d", covered); goto out; }
       covered += l->runs[i].len;
     }
-    if (covered != l->len) { rc = fmt_err(err, errlen, "writer runs cover %d of %d positions", covered, l->len); goto out; }
+    if (covered != l->len) { rc = kvl_errf(err, errlen, KVL_EINVAL, "writer runs cover %d of %d positions", covered, l->len); goto out; }
     for (int32_t i = 0; i < l->n_blocks; i++) {
       int32_t h = l->blocks[i];
-      if (h < 0 || h >= p->n_blk || !p->blk[h].used) { rc = fmt_err(err, errlen, "line holds a dead block handle %d", h); goto out; }
+      if (h < 0 || h >= p->n_blk || !p->blk[h].used) { rc = kvl_errf(err, errlen, KVL_EINVAL, "line holds a dead block handle %d", h); goto out; }
       refs[h]++;
       const struct blk *b = &p->blk[h];
       if (b->indexed) /* an indexed block's content is what the line says it holds */
         for (int j = 0; j < BLK; j++) {
           int32_t pos = i * BLK + j;
           if (pos < l->len && (b->tokens[j] != l->tok[pos] || b->writers[j] != kvl_line_writer(l, pos))) {
-            rc = fmt_err(err, errlen, "line position %d disagrees with its indexed block", pos);
+            rc = kvl_errf(err, errlen, KVL_EINVAL, "line position %d disagrees with its indexed block", pos);
             goto out;
           }
         }
     }
   }
-  if (n_lines != p->n_lines) { rc = fmt_err(err, errlen, "%d lines listed, %d counted", n_lines, p->n_lines); goto out; }
+  if (n_lines != p->n_lines) { rc = kvl_errf(err, errlen, KVL_EINVAL, "%d lines listed, %d counted", n_lines, p->n_lines); goto out; }
   int32_t hot_in_use = 0, cold_in_use = 0, on_hot_lru = 0, on_cold_lru = 0, indexed = 0;
   for (int32_t h = 0; h < p->n_blk; h++) {
     const struct blk *b = &p->blk[h];
     if (!b->used) continue;
-    if (b->refs != refs[h]) { rc = fmt_err(err, errlen, "block %d: refcount %d but %d references", h, b->refs, refs[h]); goto out; }
-    if ((b->hot == NONE) == (b->cold == NONE)) { rc = fmt_err(err, errlen, "block %d is in %s tier", h, b->hot == NONE ? "no" : "both"); goto out; }
-    if (b->hot != NONE && p->hot_owner[b->hot] != h) { rc = fmt_err(err, errlen, "hot slot %d not owned by block %d", b->hot, h); goto out; }
-    if (b->cold != NONE && p->cold_owner[b->cold] != h) { rc = fmt_err(err, errlen, "cold slot %d not owned by block %d", b->cold, h); goto out; }
-    if (b->refs == 0 && !b->indexed) { rc = fmt_err(err, errlen, "block %d is unreferenced and unindexed (leaked)", h); goto out; }
+    if (b->refs != refs[h]) { rc = kvl_errf(err, errlen, KVL_EINVAL, "block %d: refcount %d but %d references", h, b->refs, refs[h]); goto out; }
+    if ((b->hot == NONE) == (b->cold == NONE)) { rc = kvl_errf(err, errlen, KVL_EINVAL, "block %d is in %s tier", h, b->hot == NONE ? "no" : "both"); goto out; }
+    if (b->hot != NONE && p->hot_owner[b->hot] != h) { rc = kvl_errf(err, errlen, KVL_EINVAL, "hot slot %d not owned by block %d", b->hot, h); goto out; }
+    if (b->cold != NONE && p->cold_owner[b->cold] != h) { rc = kvl_errf(err, errlen, KVL_EINVAL, "cold slot %d not owned by block %d", b->cold, h); goto out; }
+    if (b->refs == 0 && !b->indexed) { rc = kvl_errf(err, errlen, KVL_EINVAL, "block %d is unreferenced and unindexed (leaked)", h); goto out; }
     hot_in_use += b->hot != NONE;
     cold_in_use += b->cold != NONE;
     indexed += b->indexed;
-    if (b->indexed && b->key != kvl__key_of(b->parent, b->tokens, b->writers)) { rc = fmt_err(err, errlen, "block %d: key does not match content", h); goto out; }
+    if (b->indexed && b->key != kvl__key_of(b->parent, b->tokens, b->writers)) { rc = kvl_errf(err, errlen, KVL_EINVAL, "block %d: key does not match content", h); goto out; }
   }
   for (int32_t h = p->hot_lru.head, prev = NONE; h != NONE; prev = h, h = p->blk[h].next, on_hot_lru++)
-    if (p->blk[h].prev != prev || p->blk[h].refs || p->blk[h].hot == NONE || !p->blk[h].indexed) { rc = fmt_err(err, errlen, "hot LRU corrupt at block %d", h); goto out; }
+    if (p->blk[h].prev != prev || p->blk[h].refs || p->blk[h].hot == NONE || !p->blk[h].indexed) { rc = kvl_errf(err, errlen, KVL_EINVAL, "hot LRU corrupt at block %d", h); goto out; }
   for (int32_t h = p->cold_lru.head, prev = NONE; h != NONE; prev = h, h = p->blk[h].next, on_cold_lru++)
-    if (p->blk[h].prev != prev || p->blk[h].refs || p->blk[h].cold == NONE || !p->blk[h].indexed) { rc = fmt_err(err, errlen, "cold LRU corrupt at block %d", h); goto out; }
-  if (on_hot_lru != p->hot_lru.n || on_cold_lru != p->cold_lru.n) { rc = fmt_err(err, errlen, "LRU counts wrong"); goto out; }
+    if (p->blk[h].prev != prev || p->blk[h].refs || p->blk[h].cold == NONE || !p->blk[h].indexed) { rc = kvl_errf(err, errlen, KVL_EINVAL, "cold LRU corrupt at block %d", h); goto out; }
+  if (on_hot_lru != p->hot_lru.n || on_cold_lru != p->cold_lru.n) { rc = kvl_errf(err, errlen, KVL_EINVAL, "LRU counts wrong"); goto out; }
   int32_t cached = 0;
   for (int32_t h = 0; h < p->n_blk; h++) cached += p->blk[h].used && p->blk[h].refs == 0;
-  if (cached != on_hot_lru + on_cold_lru) { rc = fmt_err(err, errlen, "%d cached blocks, %d on LRU lists", cached, on_hot_lru + on_cold_lru); goto out; }
-  if (hot_in_use + p->n_hot_free != p->n_hot) { rc = fmt_err(err, errlen, "hot slots: %d used + %d free != %d", hot_in_use, p->n_hot_free, p->n_hot); goto out; }
-  if (cold_in_use + p->n_cold_free != p->n_cold) { rc = fmt_err(err, errlen, "cold slots: %d used + %d free != %d", cold_in_use, p->n_cold_free, p->n_cold); goto out; }
+  if (cached != on_hot_lru + on_cold_lru) { rc = kvl_errf(err, errlen, KVL_EINVAL, "%d cached blocks, %d on LRU lists", cached, on_hot_lru + on_cold_lru); goto out; }
+  if (hot_in_use + p->n_hot_free != p->n_hot) { rc = kvl_errf(err, errlen, KVL_EINVAL, "hot slots: %d used + %d free != %d", hot_in_use, p->n_hot_free, p->n_hot); goto out; }
+  if (cold_in_use + p->n_cold_free != p->n_cold) { rc = kvl_errf(err, errlen, KVL_EINVAL, "cold slots: %d used + %d free != %d", cold_in_use, p->n_cold_free, p->n_cold); goto out; }
   for (int32_t i = 0; i < p->n_hot_free; i++)
-    if (p->hot_owner[p->hot_free[i]] != NONE) { rc = fmt_err(err, errlen, "free hot slot %d is owned", p->hot_free[i]); goto out; }
+    if (p->hot_owner[p->hot_free[i]] != NONE) { rc = kvl_errf(err, errlen, KVL_EINVAL, "free hot slot %d is owned", p->hot_free[i]); goto out; }
   for (int32_t i = 0; i < p->n_cold_free; i++)
-    if (p->cold_owner[p->cold_free[i]] != NONE) { rc = fmt_err(err, errlen, "free cold slot %d is owned", p->cold_free[i]); goto out; }
+    if (p->cold_owner[p->cold_free[i]] != NONE) { rc = kvl_errf(err, errlen, KVL_EINVAL, "free cold slot %d is owned", p->cold_free[i]); goto out; }
   int32_t in_index = 0;
   for (size_t j = 0; j < p->idx_cap; j++) {
     int32_t h = p->idx[j].h;
     if (h < 0) continue;
     in_index++;
     if (!p->blk[h].used || !p->blk[h].indexed || p->idx[j].bucket != bucket_of(p->blk[h].parent, p->blk[h].tokens)) {
-      rc = fmt_err(err, errlen, "index entry %zu is stale (block %d)", j, h);
+      rc = kvl_errf(err, errlen, KVL_EINVAL, "index entry %zu is stale (block %d)", j, h);
       goto out;
     }
   }
-  if (in_index != indexed) rc = fmt_err(err, errlen, "%d indexed blocks, %d index entries", indexed, in_index);
+  if (in_index != indexed) rc = kvl_errf(err, errlen, KVL_EINVAL, "%d indexed blocks, %d index entries", indexed, in_index);
 out:
   free(refs);
   return rc;

@@ -65,16 +65,6 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 int kvl_sched_new(const struct kvl_sched_config *c, kvl_sched_t **out) {
   kvl_sched_t *s = calloc(1, sizeof(*s));
   if (!s) return KVL_ENOMEM;
@@ -109,21 +99,21 @@ void kvl_sched_free(kvl_sched_t *s) {
 }
 
 int kvl_sched_add_model(kvl_sched_t *s, const struct kvl_sched_model *mc, int *model_id, char *err, size_t errlen) {
-  if (s->n_models == MAX_MODELS) return fail(err, errlen, KVL_EFULL, "at most %d models", MAX_MODELS);
+  if (s->n_models == MAX_MODELS) return kvl_errf(err, errlen, KVL_EFULL, "at most %d models", MAX_MODELS);
   struct kvl_kv_layout want = kvl_model_kv_layout(mc->model, mc->pool.layout.dtype);
   if (memcmp(&want, &mc->pool.layout, sizeof(want)))
-    return fail(err, errlen, KVL_EMISMATCH, "model '%s': pool layout does not match the model", mc->name);
+    return kvl_errf(err, errlen, KVL_EMISMATCH, "model '%s': pool layout does not match the model", mc->name);
   struct model *m = &s->models[s->n_models];
   memset(m, 0, sizeof(*m));
   m->cfg = *mc;
   const struct kvl_model_hparams *hp = kvl_model_hparams(mc->model);
   if (m->cfg.max_model_len <= 0 || m->cfg.max_model_len > hp->n_ctx_train) m->cfg.max_model_len = hp->n_ctx_train;
   int rc = kvl_pool_new(&mc->pool, &m->pool);
-  if (rc < 0) return fail(err, errlen, rc, "model '%s': cannot create its KV pool (%s)", mc->name, kvl_strerror(rc));
+  if (rc < 0) return kvl_errf(err, errlen, rc, "model '%s': cannot create its KV pool (%s)", mc->name, kvl_strerror(rc));
   size_t need = (size_t)(s->cfg.step_tokens + s->cfg.max_seqs) * (size_t)hp->n_vocab;
   if (need > s->cap_logits) {
     float *l = realloc(s->logits, need * sizeof(float));
-    if (!l) return fail(err, errlen, KVL_ENOMEM, "out of memory for logits");
+    if (!l) return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory for logits");
     s->logits = l;
     s->cap_logits = need;
   }
@@ -163,32 +153,32 @@ static void finish(kvl_sched_t *s, struct model *m, struct req *r, enum kvl_fini
 
 int kvl_sched_submit(kvl_sched_t *s, const struct kvl_request *q, kvl_token_cb cb, void *ud, uint64_t *id,
                      char *err, size_t errlen) {
-  if (q->model < 0 || q->model >= s->n_models) return fail(err, errlen, KVL_EINVAL, "unknown model %d", q->model);
+  if (q->model < 0 || q->model >= s->n_models) return kvl_errf(err, errlen, KVL_EINVAL, "unknown model %d", q->model);
   struct model *m = &s->models[q->model];
   const struct kvl_model_hparams *hp = kvl_model_hparams(m->cfg.model);
-  if (q->n_prompt <= 0) return fail(err, errlen, KVL_EINVAL, "the prompt is empty");
-  if (q->max_tokens < 1) return fail(err, errlen, KVL_EINVAL, "max_tokens must be at least 1 (got %d)", q->max_tokens);
+  if (q->n_prompt <= 0) return kvl_errf(err, errlen, KVL_EINVAL, "the prompt is empty");
+  if (q->max_tokens < 1) return kvl_errf(err, errlen, KVL_EINVAL, "max_tokens must be at least 1 (got %d)", q->max_tokens);
   for (int32_t i = 0; i < q->n_prompt; i++)
     if (q->prompt[i] < 0 || q->prompt[i] >= hp->n_vocab)
-      return fail(err, errlen, KVL_EINVAL, "prompt token %d at position %d is outside the vocabulary of %d", q->prompt[i], i, hp->n_vocab);
+      return kvl_errf(err, errlen, KVL_EINVAL, "prompt token %d at position %d is outside the vocabulary of %d", q->prompt[i], i, hp->n_vocab);
   int64_t total = (int64_t)q->n_prompt + q->max_tokens;
   if (total > m->cfg.max_model_len)
-    return fail(err, errlen, KVL_EINVAL, "prompt (%d tokens) + max_tokens (%d) = %lld exceeds max_model_len %d of model '%s'",
+    return kvl_errf(err, errlen, KVL_EINVAL, "prompt (%d tokens) + max_tokens (%d) = %lld exceeds max_model_len %d of model '%s'",
                 q->n_prompt, q->max_tokens, (long long)total, m->cfg.max_model_len, m->cfg.name);
   struct kvl_pool_stats st;
   kvl_pool_stats(m->pool, &st);
   int64_t blocks = (total + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK + 1; /* + a copy-on-write spare */
   if (blocks > st.hot_blocks)
-    return fail(err, errlen, KVL_EINVAL, "the request needs %lld KV blocks (%lld tokens) but model '%s' has %d in all",
+    return kvl_errf(err, errlen, KVL_EINVAL, "the request needs %lld KV blocks (%lld tokens) but model '%s' has %d in all",
                 (long long)blocks, (long long)total, m->cfg.name, st.hot_blocks);
   struct req *r = calloc(1, sizeof(*r));
-  if (!r) return fail(err, errlen, KVL_ENOMEM, "out of memory");
+  if (!r) return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory");
   int rc = kvl_sampler_new(&q->sampling, hp->n_vocab, 0, &r->sampler, err, errlen);
   if (rc < 0) { free(r); return rc; }
   r->cap = (int32_t)total;
   r->seq = malloc((size_t)r->cap * sizeof(int32_t));
   r->stop_ids = malloc(((size_t)q->n_stop_ids + 1) * sizeof(int32_t));
-  if (!r->seq || !r->stop_ids) { req_free(r); return fail(err, errlen, KVL_ENOMEM, "out of memory"); }
+  if (!r->seq || !r->stop_ids) { req_free(r); return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory"); }
   memcpy(r->seq, q->prompt, (size_t)q->n_prompt * sizeof(int32_t));
   if (q->n_stop_ids) memcpy(r->stop_ids, q->stop_ids, (size_t)q->n_stop_ids * sizeof(int32_t));
   r->n_stop_ids = q->n_stop_ids;

@@ -19,16 +19,6 @@
 #include "kvl_error.h"
 #include "kvpool-impl.h"
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 /* CRC-32 (IEEE, reflected), table built once. */
 static uint32_t crc_table[256];
 static void crc_init(void) {
@@ -100,23 +90,23 @@ int kvl_pool_save(const kvl_pool_t *p, const char *path, const char *fp, char *e
     uint32_t crc = crc32_update(0, w.b + at, w.n - at);
     put(&w, &crc, 4);
   }
-  if (w.oom) { free(w.b); return fail(err, errlen, KVL_ENOMEM, "out of memory writing the spill snapshot"); }
+  if (w.oom) { free(w.b); return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory writing the spill snapshot"); }
   size_t pl = strlen(path);
   char *tmp = malloc(pl + 16);
   if (!tmp) { free(w.b); return KVL_ENOMEM; }
   snprintf(tmp, pl + 16, "%s.tmp%d", path, (int)getpid());
   int rc = 0;
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) { rc = fail(err, errlen, -errno, "cannot create '%s': %s", tmp, strerror(errno)); goto out; }
+  if (fd < 0) { rc = kvl_errf(err, errlen, -errno, "cannot create '%s': %s", tmp, strerror(errno)); goto out; }
   for (size_t off = 0; off < w.n;) {
     ssize_t k = write(fd, w.b + off, w.n - off);
     if (k < 0 && errno == EINTR) continue;
-    if (k < 0) { rc = fail(err, errlen, -errno, "cannot write '%s': %s", tmp, strerror(errno)); break; }
+    if (k < 0) { rc = kvl_errf(err, errlen, -errno, "cannot write '%s': %s", tmp, strerror(errno)); break; }
     off += (size_t)k;
   }
-  if (rc == 0 && fsync(fd) < 0) rc = fail(err, errlen, -errno, "cannot sync '%s': %s", tmp, strerror(errno));
+  if (rc == 0 && fsync(fd) < 0) rc = kvl_errf(err, errlen, -errno, "cannot sync '%s': %s", tmp, strerror(errno));
   close(fd);
-  if (rc == 0 && rename(tmp, path) < 0) rc = fail(err, errlen, -errno, "cannot rename to '%s': %s", path, strerror(errno));
+  if (rc == 0 && rename(tmp, path) < 0) rc = kvl_errf(err, errlen, -errno, "cannot rename to '%s': %s", path, strerror(errno));
   if (rc) unlink(tmp);
 out:
   free(tmp);
@@ -129,9 +119,9 @@ int kvl_pool_load(kvl_pool_t *p, const char *path, const char *fp, int32_t *n_lo
   if (n_loaded) *n_loaded = 0;
   KVL_ASSERT(p->n_blk - p->n_blk_free == 0 && p->n_lines == 0); /* an empty pool */
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fail(err, errlen, -errno, "cannot open spill file '%s': %s", path, strerror(errno));
+  if (fd < 0) return kvl_errf(err, errlen, -errno, "cannot open spill file '%s': %s", path, strerror(errno));
   struct stat st;
-  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) { close(fd); return fail(err, errlen, KVL_EINVAL, "'%s' is not a regular file", path); }
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) { close(fd); return kvl_errf(err, errlen, KVL_EINVAL, "'%s' is not a regular file", path); }
   size_t size = (size_t)st.st_size;
   uint8_t *buf = malloc(size ? size : 1);
   if (!buf) { close(fd); return KVL_ENOMEM; }
@@ -149,16 +139,16 @@ int kvl_pool_load(kvl_pool_t *p, const char *path, const char *fp, int32_t *n_lo
   header(&w, p, fp, 0);
   if (w.oom) { rc = KVL_ENOMEM; goto out; }
   size_t hl = w.n; /* this pool's header length */
-  if (got != size || size < 16) { rc = fail(err, errlen, KVL_EFORMAT, "spill file '%s' is truncated", path); goto out; }
-  if (memcmp(buf, MAGIC, 8)) { rc = fail(err, errlen, KVL_EFORMAT, "'%s' is not a kvlingo spill file", path); goto out; }
+  if (got != size || size < 16) { rc = kvl_errf(err, errlen, KVL_EFORMAT, "spill file '%s' is truncated", path); goto out; }
+  if (memcmp(buf, MAGIC, 8)) { rc = kvl_errf(err, errlen, KVL_EFORMAT, "'%s' is not a kvlingo spill file", path); goto out; }
   uint32_t fhl, crc;
   memcpy(&fhl, buf + 8, 4);
-  if (fhl < 24 || fhl > size) { rc = fail(err, errlen, KVL_EFORMAT, "spill file '%s' is truncated", path); goto out; }
+  if (fhl < 24 || fhl > size) { rc = kvl_errf(err, errlen, KVL_EFORMAT, "spill file '%s' is truncated", path); goto out; }
   memcpy(&crc, buf + fhl - 4, 4);
-  if (crc32_update(0, buf, fhl - 4) != crc) { rc = fail(err, errlen, KVL_EFORMAT, "spill file '%s': header checksum mismatch (damaged)", path); goto out; }
+  if (crc32_update(0, buf, fhl - 4) != crc) { rc = kvl_errf(err, errlen, KVL_EFORMAT, "spill file '%s': header checksum mismatch (damaged)", path); goto out; }
   /* same layout, dtype, block size and fingerprint: the headers agree but for the count */
   if (fhl != hl || memcmp(buf, w.b, hl - 12)) {
-    rc = fail(err, errlen, KVL_EMISMATCH,
+    rc = kvl_errf(err, errlen, KVL_EMISMATCH,
               "spill file '%s' was written for another model, translator, KV dtype or block size", path);
     goto out;
   }
@@ -166,7 +156,7 @@ int kvl_pool_load(kvl_pool_t *p, const char *path, const char *fp, int32_t *n_lo
   memcpy(&n_rec, buf + hl - 12, 8);
   size_t rec = 8 + sizeof(int32_t) * KVL_KV_BLOCK + sizeof(kvl_writer_t) * KVL_KV_BLOCK + p->bb + 4;
   if (n_rec > (size - hl) / rec || hl + n_rec * rec != size) {
-    rc = fail(err, errlen, KVL_EFORMAT, "spill file '%s': %llu records do not fit its %zu bytes (damaged)", path,
+    rc = kvl_errf(err, errlen, KVL_EFORMAT, "spill file '%s': %llu records do not fit its %zu bytes (damaged)", path,
               (unsigned long long)n_rec, size);
     goto out;
   }
@@ -174,7 +164,7 @@ int kvl_pool_load(kvl_pool_t *p, const char *path, const char *fp, int32_t *n_lo
     const uint8_t *r = buf + hl + i * rec;
     memcpy(&crc, r + rec - 4, 4);
     if (crc32_update(0, r, rec - 4) != crc) {
-      rc = fail(err, errlen, KVL_EFORMAT, "spill file '%s': record %llu checksum mismatch (damaged)", path, (unsigned long long)i);
+      rc = kvl_errf(err, errlen, KVL_EFORMAT, "spill file '%s': record %llu checksum mismatch (damaged)", path, (unsigned long long)i);
       goto out;
     }
   }

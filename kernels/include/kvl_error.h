@@ -47,6 +47,11 @@ enum kvl_errno {
 /* A static English message for a code (0 gives "success"; unknown codes say so). */
 const char *kvl_strerror(int code);
 
+/* Write a printf-style message into err (when errlen > 0) and return `code`: the one
+ * way actions report a failure with its reason ("tensor 'x' has shape ..."). */
+int kvl_errf(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* The symbolic name of a code ("KVL_EFORMAT"), for logs and tests. */
 const char *kvl_err_name(int code);
 
