@@ -1,0 +1,205 @@
+/* kvl_translator.h — KV translators S→T in memory, and their files (safetensors).
+ *
+ * A translator maps the KV cache of a source model S into the KV cache of a target
+ * model T (DESIGN.md "Translation"). For each target layer ℓ it holds, separately for
+ * keys and values, the ν source layers it reads (`k_sources`, `v_sources`, in
+ * concatenation order) and a map of shape (ν·w_S [+1 if affine]) × w_T, where
+ * w = n_kv_head·head_dim of a whole layer. Applied to one position:
+ *
+ *     x = [ k_S[src_0] | k_S[src_1] | ... | k_S[src_ν-1] | 1 (affine only) ]   (1, ν·w_S [+1])
+ *     k_T[ℓ] = x · K_ℓ                                                      (1, w_T)
+ *
+ * so row r of K_ℓ multiplies input element r; with `affine` the last row is the
+ * intercept. Maps are held here in fp32 (row-major, rows × cols) whatever the file
+ * stored; a bf16 file is widened at load.
+ *
+ * Reading a file, and refusing it for the wrong pair of models:
+ *
+ *   char err[256];
+ *   kvl_translator_t *t;
+ *   int rc = kvl_translator_load("coder-0.5b-to-1.5b.safetensors", &t, err, sizeof(err));
+ *   if (rc < 0) { fprintf(stderr, "translator: %s (%s)\n", err, kvl_strerror(rc)); return rc; }
+ *   struct kvl_model_fingerprint src, dst;
+ *   kvl_fingerprint_from_gguf(small_gguf, &src, err, sizeof(err));
+ *   kvl_fingerprint_from_gguf(large_gguf, &dst, err, sizeof(err));
+ *   if (kvl_translator_check_models(t, &src, &dst, err, sizeof(err)) < 0)
+ *     fprintf(stderr, "%s\n", err);   // "target n_layer: translator 28, model 24"
+ *   struct kvl_translator_map k;
+ *   kvl_translator_get_map(t, 0, KVL_TRANSLATOR_K, &k);
+ *   ... k.nu, k.sources[0..nu), k.data[k.rows * k.cols] ...
+ *   kvl_translator_free(t);
+ *
+ * Writing one (what `kvlingo fit` does):
+ *
+ *   kvl_translator_new(&src, &dst, true, &t, err, sizeof(err));
+ *   for (int l = 0; l < dst.n_layer; l++) {
+ *     kvl_translator_set_map(t, l, KVL_TRANSLATOR_K, ksrc, 2, kmap);  // copied
+ *     kvl_translator_set_map(t, l, KVL_TRANSLATOR_V, vsrc, 2, vmap);
+ *   }
+ *   kvl_translator_set_fit_json(t, "{\"method\":\"ridge\",\"lambda\":0.01}");
+ *   kvl_translator_save(t, "out.safetensors", KVL_TRANSLATOR_BF16, err, sizeof(err));
+ *   kvl_translator_free(t);
+ *
+ * File format (safetensors): an 8-byte little-endian header length N, N bytes of JSON
+ * (may be padded with spaces), then the data section. The header maps each tensor name
+ * to {"dtype", "shape", "data_offsets": [begin, end)} (offsets into the data section,
+ * which the tensors must cover exactly, without gaps or overlaps) plus "__metadata__",
+ * a flat map of strings. Tensors, for every target layer ℓ and nothing else:
+ *   layers.<ℓ>.k_sources, layers.<ℓ>.v_sources   I32 [ν]
+ *   layers.<ℓ>.k, layers.<ℓ>.v                   F32 or BF16 [ν·w_S (+1), w_T]
+ * Metadata (keys outside the `kvlingo.` namespace are ignored, unknown ones inside it
+ * refused):
+ *   kvlingo.format_version  "1"
+ *   kvlingo.source          fingerprint of S as a JSON object (see below)
+ *   kvlingo.target          fingerprint of T
+ *   kvlingo.affine          "true" | "false"
+ *   kvlingo.dtype           "F32" | "BF16" (the dtype of every map tensor)
+ *   kvlingo.fit             optional JSON object: fit provenance
+ *   kvlingo.scores          optional JSON object: held-out scores
+ * A fingerprint is {"architecture": str, "n_layer": int, "n_kv_head": int,
+ * "head_dim": int, "kv_width": int (= n_kv_head·head_dim), "rope_theta": number,
+ * "rope_scaling": str ("none" when none; null reads as "none"), "tokenizer_hash": hex
+ * str, "name": str}; no other keys.
+ *
+ * Every function that can fail returns 0 or a negative KVL_E* code (kvl_error.h); those
+ * with err/errlen write a message naming the problem there (tensor, key, expected and
+ * found values). A translator is not thread-safe while being written; once complete,
+ * any number of threads may read it.
+ */
+#ifndef KVL_TRANSLATOR_H
+#define KVL_TRANSLATOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvl_gguf; /* kvl_gguf.h (engine/) */
+
+#define KVL_TRANSLATOR_FORMAT_VERSION 1
+
+/* Sizes of the fingerprint's string fields, NUL included. */
+#define KVL_FP_ARCH_LEN 64
+#define KVL_FP_SCALING_LEN 64
+#define KVL_FP_HASH_LEN 132 /* up to 128 hex digits (a SHA-512 fits) */
+#define KVL_FP_NAME_LEN 256
+
+/* What a translator must agree on with a model: enough to refuse the wrong model with a
+ * message, not a cryptographic identity. Plain data: copy it freely. */
+struct kvl_model_fingerprint {
+  char architecture[KVL_FP_ARCH_LEN];     /* GGUF general.architecture ("qwen2") */
+  int32_t n_layer;                        /* transformer blocks */
+  int32_t n_kv_head;                      /* KV heads per layer */
+  int32_t head_dim;                       /* elements per KV head */
+  double rope_theta;                      /* RoPE base frequency */
+  char rope_scaling[KVL_FP_SCALING_LEN];  /* "none", or "<type>:<factor>" ("linear:4") */
+  char tokenizer_hash[KVL_FP_HASH_LEN];   /* lowercase hex, computed by the caller */
+  char name[KVL_FP_NAME_LEN];             /* human-readable (general.name); not compared */
+};
+
+/* n_kv_head · head_dim: the width of one layer's K (or V) row. */
+int64_t kvl_fingerprint_kv_width(const struct kvl_model_fingerprint *fp);
+
+/* Check a fingerprint's fields (ranges, non-empty architecture, hex hash); 0 or
+ * KVL_EINVAL with a message. */
+int kvl_fingerprint_validate(const struct kvl_model_fingerprint *fp, char *err, size_t errlen);
+
+/* Fill *fp from a GGUF model: general.architecture, <arch>.block_count,
+ * <arch>.attention.head_count_kv, head_dim = <arch>.attention.key_length if present
+ * else <arch>.embedding_length / <arch>.attention.head_count, <arch>.rope.freq_base
+ * (10000 when absent), rope scaling from <arch>.rope.scaling.type/.factor, name from
+ * general.name, and tokenizer_hash = FNV-1a 64 (16 lowercase hex digits) over every
+ * string of tokenizer.ggml.tokens in order, each fed as its length (u64 little-endian)
+ * then its bytes. The GGUF is only read; *fp owns nothing. KVL_EFORMAT / KVL_ENOTSUP
+ * with a message when a key is missing or inconsistent. */
+int kvl_fingerprint_from_gguf(const struct kvl_gguf *g, struct kvl_model_fingerprint *fp, char *err,
+                              size_t errlen);
+
+/* ---- the in-memory translator ---------------------------------------------------- */
+
+typedef struct kvl_translator kvl_translator_t;
+
+enum kvl_translator_dtype {
+  KVL_TRANSLATOR_F32 = 0,
+  KVL_TRANSLATOR_BF16 = 1,
+};
+
+enum kvl_translator_kv {
+  KVL_TRANSLATOR_K = 0,
+  KVL_TRANSLATOR_V = 1,
+};
+
+/* One map of one target layer, as the translator holds it. Pointers are owned by the
+ * translator and live until kvl_translator_free (or the next set_map of that slot). */
+struct kvl_translator_map {
+  int32_t nu;              /* source layers read (ν >= 1) */
+  const int32_t *sources;  /* ν source layer ids, in concatenation order */
+  int64_t rows;            /* ν·w_S (+1 when affine) */
+  int64_t cols;            /* w_T */
+  const float *data;       /* (rows, cols) row-major fp32 */
+};
+
+/* An empty translator for S→T, maps unset. Both fingerprints are copied and validated.
+ * *out is owned by the caller (kvl_translator_free). */
+int kvl_translator_new(const struct kvl_model_fingerprint *src, const struct kvl_model_fingerprint *dst,
+                       bool affine, kvl_translator_t **out, char *err, size_t errlen);
+
+/* Free a translator and everything it owns; NULL is fine. */
+void kvl_translator_free(kvl_translator_t *t);
+
+/* Set the K or V map of target layer `layer`: `nu` source layer ids (distinct, each in
+ * 0..n_layer_S-1) and `map` of (nu·w_S [+1 if affine]) × w_T fp32, row-major; both are
+ * copied. Replaces an earlier map of that slot. KVL_ERANGE for a layer or id out of
+ * range, KVL_EINVAL for nu < 1, a repeated id or a non-finite map value. */
+int kvl_translator_set_map(kvl_translator_t *t, int32_t layer, enum kvl_translator_kv which,
+                           const int32_t *sources, int32_t nu, const float *map);
+
+/* Attach fit provenance / held-out scores, each a JSON object given as text (copied,
+ * stored as written). NULL removes. KVL_EINVAL when the text is not a JSON object. */
+int kvl_translator_set_fit_json(kvl_translator_t *t, const char *json);
+int kvl_translator_set_scores_json(kvl_translator_t *t, const char *json);
+
+/* ---- accessors (the translator keeps ownership of everything returned) ----------- */
+
+const struct kvl_model_fingerprint *kvl_translator_source(const kvl_translator_t *t);
+const struct kvl_model_fingerprint *kvl_translator_target(const kvl_translator_t *t);
+bool kvl_translator_affine(const kvl_translator_t *t);
+/* The dtype the maps were stored in (F32 for a translator built in memory). */
+enum kvl_translator_dtype kvl_translator_dtype(const kvl_translator_t *t);
+/* Target layers (= the target fingerprint's n_layer). */
+int32_t kvl_translator_n_layer(const kvl_translator_t *t);
+/* JSON text or NULL when absent. */
+const char *kvl_translator_fit_json(const kvl_translator_t *t);
+const char *kvl_translator_scores_json(const kvl_translator_t *t);
+
+/* The K or V map of a target layer: 0, KVL_ERANGE (layer out of range) or KVL_ENOENT
+ * (not set yet; never for a loaded translator). */
+int kvl_translator_get_map(const kvl_translator_t *t, int32_t layer, enum kvl_translator_kv which,
+                           struct kvl_translator_map *out);
+
+/* Does this translator fit source model `src` and target model `dst`? 0, or
+ * KVL_EMISMATCH with every difference named, "; "-separated, e.g.
+ * "target n_layer: translator 28, model 24". Compared: architecture, n_layer,
+ * n_kv_head, head_dim, rope_theta (relative 1e-6), rope_scaling, tokenizer_hash; the
+ * name is informational and not compared. Either model may be NULL to skip it. */
+int kvl_translator_check_models(const kvl_translator_t *t, const struct kvl_model_fingerprint *src,
+                                const struct kvl_model_fingerprint *dst, char *err, size_t errlen);
+
+/* ---- files ------------------------------------------------------------------------ */
+
+/* Read and validate a translator file (see the format above). On success *out is a new
+ * translator owned by the caller; on failure *out is NULL and err names the problem. */
+int kvl_translator_load(const char *path, kvl_translator_t **out, char *err, size_t errlen);
+
+/* The same from bytes in memory (not retained: the translator copies what it keeps). */
+int kvl_translator_load_mem(const void *buf, size_t len, kvl_translator_t **out, char *err, size_t errlen);
+
+/* Serialise a complete translator (every map of every layer set) with its maps stored
+ * as `dtype` (bf16: rounded to nearest even). _save_mem gives a malloc'd buffer the
+ * caller frees; _save writes `path` through a temporary file renamed into place, so a
+ * crash never leaves a partial file under that name. Output is deterministic. */
+int kvl_translator_save_mem(const kvl_translator_t *t, enum kvl_translator_dtype dtype, void **buf,
+                            size_t *len, char *err, size_t errlen);
+int kvl_translator_save(const kvl_translator_t *t, const char *path, enum kvl_translator_dtype dtype,
+                        char *err, size_t errlen);
+
+#endif /* KVL_TRANSLATOR_H */
