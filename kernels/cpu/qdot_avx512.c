@@ -57,6 +57,7 @@ static float dot_q8_0(const uint8_t *w, int64_t nb, const int8_t *xq, const floa
   const __m256i flip = _mm256_set1_epi8((char)0x80);
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2, w += 68) {
+    _mm_prefetch((const char *)w + 512, _MM_HINT_T0);
     __m256i wa = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)), flip);
     __m256i wb = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 36)), flip);
     __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(wa), wb, 1);
@@ -81,6 +82,7 @@ static float dot_q5_0(const uint8_t *w, int64_t nb, const int8_t *xq, const floa
   const __m256i bit4 = _mm256_set1_epi8(0x10);
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2, w += 44) {
+    _mm_prefetch((const char *)w + 384, _MM_HINT_T0);
     __m256i v[2];
     for (int k = 0; k < 2; k++) {
       const uint8_t *blk = w + 22 * k;
@@ -127,6 +129,9 @@ static float dot_q4_k(const uint8_t *w, int64_t nb, const int8_t *xq, const floa
   float mins = 0;
   const __m256i lo4 = _mm256_set1_epi8(0x0f);
   for (int64_t b = 0; b < nb; b++, w += 144, xq += 256, xd += 8, xs += 16) {
+    _mm_prefetch((const char *)w + 576, _MM_HINT_T0); /* 4 blocks ahead */
+    _mm_prefetch((const char *)w + 640, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 704, _MM_HINT_T0);
     float d = h2f(w), dmin = h2f(w + 2);
     const uint8_t *sc = w + 4, *q = w + 16;
     for (int j = 0; j < 4; j++) {
@@ -150,6 +155,7 @@ static float dot_q6_k(const uint8_t *w, int64_t nb, const int8_t *xq, const floa
   float corr = 0;
   const __m256i lo4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
   for (int64_t b = 0; b < nb; b++, w += 210) {
+    for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 630 + o, _MM_HINT_T0); /* 3 blocks ahead */
     float d = h2f(w + 208);
     const int8_t *sc = (const int8_t *)(w + 192);
     for (int n = 0; n < 2; n++) {
