@@ -7,6 +7,7 @@
 
 #include "kvl_error.h"
 #include "kvl_gguf.h"
+#include "kvl_model.h"
 #include "kvl_quant.h"
 #include "kvl_test.h"
 #include "tiny_model.h"
@@ -171,4 +172,15 @@ int tiny_tokenizer_gguf(void **buf, size_t *len) {
   if (!rc) rc = kvl_gguf_writer_to_mem(w, buf, len);
   kvl_gguf_writer_free(w);
   return rc;
+}
+
+struct kvl_model *tiny_model_load(const struct tiny_opts *o, void **buf) {
+  size_t len;
+  KVL_ASSERT(tiny_qwen2(o, buf, &len) == 0);
+  kvl_gguf_t *g;
+  char err[256];
+  KVL_ASSERT(kvl_gguf_open_mem(*buf, len, &g, err, sizeof(err)) == 0);
+  kvl_model_t *m;
+  KVL_ASSERT(kvl_model_from_gguf(g, "tiny", &m, err, sizeof(err)) == 0);
+  return m;
 }

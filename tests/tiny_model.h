@@ -19,6 +19,11 @@ struct tiny_opts {
  * into a malloc'd buffer. Returns 0 or a KVL_E* code. */
 int tiny_qwen2(const struct tiny_opts *o, void **buf, size_t *len);
 
+/* Write a tiny model (options o) and load it; *buf (malloc'd) holds the file the model
+ * maps, freed by the caller after kvl_model_free. Aborts on any failure (tests only). */
+struct kvl_model;
+struct kvl_model *tiny_model_load(const struct tiny_opts *o, void **buf);
+
 /* Add a tiny byte-level BPE vocabulary (tokenizer.ggml.*, model gpt2, pre qwen2) to a
  * writer: the 256 byte tokens, a few dozen merges (ASCII words, a 2-byte and a 4-byte
  * UTF-8 character), and the specials <|endoftext|>, <|im_start|>, <|im_end|>. */

@@ -18,17 +18,7 @@ enum { N = 30, MAXR = 64, MAXT = 64, MAX_TOKENS = 16, BURST = 10 };
 
 static pthread_t loop_thread;
 
-static kvl_model_t *tiny(void **buf) {
-  size_t len;
-  struct tiny_opts o = {.n_layer = 2};
-  KVL_ASSERT(tiny_qwen2(&o, buf, &len) == 0);
-  kvl_gguf_t *g;
-  char err[256];
-  KVL_ASSERT(kvl_gguf_open_mem(*buf, len, &g, err, sizeof(err)) == 0);
-  kvl_model_t *m;
-  KVL_ASSERT(kvl_model_from_gguf(g, "tiny", &m, err, sizeof(err)) == 0);
-  return m;
-}
+static kvl_model_t *tiny(void **buf) { return tiny_model_load(&(struct tiny_opts){.n_layer = 2}, buf); }
 
 static kvl_sched_t *sched(kvl_model_t *m, int hot_blocks, int *mid) {
   kvl_sched_t *s;

@@ -25,17 +25,7 @@ static void on_token(void *ud, uint64_t id, const struct kvl_token_event *ev) {
   if (ev->final) { o->done[i] = true; o->why[i] = ev->finish; o->usage[i] = ev->usage; }
 }
 
-static kvl_model_t *tiny(void **buf) {
-  size_t len;
-  struct tiny_opts o = {.n_layer = 2};
-  KVL_ASSERT(tiny_qwen2(&o, buf, &len) == 0);
-  kvl_gguf_t *g;
-  char err[256];
-  KVL_ASSERT(kvl_gguf_open_mem(*buf, len, &g, err, sizeof(err)) == 0);
-  kvl_model_t *m;
-  KVL_ASSERT(kvl_model_from_gguf(g, "tiny", &m, err, sizeof(err)) == 0);
-  return m;
-}
+static kvl_model_t *tiny(void **buf) { return tiny_model_load(&(struct tiny_opts){.n_layer = 2}, buf); }
 
 static kvl_sched_t *sched(kvl_model_t *m, int hot_blocks, int cold_blocks, int step_tokens, int *mid) {
   kvl_sched_t *s;
