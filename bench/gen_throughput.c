@@ -31,6 +31,7 @@ struct run {
   struct stream *s;
   int n;
   double t0;
+  long cached, prompt;   /* prompt tokens served from the prefix cache / in all */
 };
 
 static void on_token(void *ud, uint64_t id, const struct kvl_token_event *ev) {
@@ -42,6 +43,10 @@ static void on_token(void *ud, uint64_t id, const struct kvl_token_event *ev) {
     else s->itl[s->n_itl++] = t - s->t_last;
     s->t_last = t;
     s->n_tok++;
+  }
+  if (ev->final) {
+    r->cached += ev->usage.cached_native + ev->usage.cached_translated;
+    r->prompt += ev->usage.prompt_tokens;
   }
 }
 
@@ -118,7 +123,7 @@ int main(int argc, char **argv) {
                                    {kl, blocks * kvl_kv_block_bytes(&kl), 0}, 0};
       int mid;
       if (kvl_sched_add_model(s, &sm, &mid, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
-      struct run run = {calloc((size_t)N, sizeof(struct stream)), N, 0};
+      struct run run = {calloc((size_t)N, sizeof(struct stream)), N, 0, 0, 0};
       unsigned long long seed = 12345;
       int32_t prefix[128];
       for (int j = 0; j < 128; j++) prefix[j] = 1000 + (int32_t)((j * 7919) % 19000);
@@ -164,9 +169,11 @@ int main(int argc, char **argv) {
       json_object_set_new(res, "prompt_tokens", json_integer(total_prompt));
       json_object_set_new(res, "generated_tokens", json_integer(gen));
       json_object_set_new(res, "prefix_share", json_boolean(share));
+      json_object_set_new(res, "prefix_hit_rate", json_real(run.prompt ? (double)run.cached / (double)run.prompt : 0));
       json_object_set_new(res, "kv", json_string(kvdt == KVL_KV_BF16 ? "bf16" : "f32"));
-      fprintf(stderr, "%s c=%d: %.1f tokens/s, ttft p50 %.0f ms, itl p50 %.0f ms (%d prompt tokens, %.1f s)\n",
-              short_name(models[mi]), N, tps, pct(ttft, N, 50), pct(itl, n_itl, 50), total_prompt, secs);
+      fprintf(stderr, "%s c=%d: %.1f tokens/s, ttft p50 %.0f ms, itl p50 %.0f ms (%d prompt tokens, %.0f%% from the cache, %.1f s)\n",
+              short_name(models[mi]), N, tps, pct(ttft, N, 50), pct(itl, n_itl, 50), total_prompt,
+              run.prompt ? 100.0 * (double)run.cached / (double)run.prompt : 0.0, secs);
       for (int i = 0; i < N; i++) { free(prompts[i]); free(run.s[i].itl); }
       free(prompts); free(run.s); free(ttft); free(itl);
       kvl_sched_free(s);

@@ -184,6 +184,51 @@ int kvl_translator_get_map(const kvl_translator_t *t, int32_t layer, enum kvl_tr
 int kvl_translator_check_models(const kvl_translator_t *t, const struct kvl_model_fingerprint *src,
                                 const struct kvl_model_fingerprint *dst, char *err, size_t errlen);
 
+/* ---- applying a translator to a span (DESIGN.md "Translation") -------------------- */
+
+struct kvl_kv_layout; /* kvl_kernels.h (kernels/) */
+struct kvl_rope;
+
+/* n positions of a source cache translated into n positions of a target cache. Caches
+ * are paged pools read and written through one block table each (kvl_kernels.h). */
+struct kvl_translate_span {
+  const struct kvl_kv_layout *src_layout; /* must match the translator's source */
+  const void *src_base;                   /* the source pool */
+  const int32_t *src_table;               /* source sequence: logical -> physical block */
+  const struct kvl_rope *src_rope;        /* the source model's RoPE (kvl_model_rope) */
+  const int32_t *src_pos;                 /* [n] source positions (native only: the caller
+                                             checks with kvl_line_native_span) */
+  const struct kvl_kv_layout *dst_layout; /* must match the translator's target */
+  void *dst_base;                         /* the target pool (written) */
+  const int32_t *dst_table;               /* target sequence: logical -> physical block */
+  const struct kvl_rope *dst_rope;        /* the target model's RoPE */
+  const int32_t *dst_pos;                 /* [n] target positions */
+  int32_t n;                              /* positions; 0 does nothing */
+};
+
+/* Translate a span: for every target layer ℓ and token i, read the K rows of ℓ's
+ * k_sources at src_pos[i], rotate them back with the source RoPE (pre-RoPE keys: exact
+ * for architectures without a k-norm), concatenate (+ a 1 when affine), multiply by
+ * K_ℓ, rotate with the target RoPE at dst_pos[i]; V likewise without RoPE; store both
+ * at dst_pos[i] of the target cache. Batched: per layer, tokens in chunks, one sgemm
+ * per chunk and map (OpenBLAS). Maps applied in fp32; the caches may be fp32 or bf16.
+ * Only the target positions are written. Returns 0, KVL_EINVAL (NULL pointer, negative
+ * n or position, RoPE head_dim not the layout's), KVL_EMISMATCH (a layout that does not
+ * fit the translator's fingerprints), KVL_ENOENT (a map not set), KVL_ENOTSUP (an
+ * architecture other than qwen2: k-norm targets are not supported yet) or KVL_ENOMEM,
+ * each with a message; on failure nothing is written. */
+int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen);
+
+/* The same, one token and one layer at a time, with double accumulation and the scalar
+ * RoPE reference: the slow truth for tests. */
+int kvl_translator_apply_ref(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err,
+                             size_t errlen);
+
+/* A translator from a model to itself for tests: target layer ℓ reads source layer ℓ
+ * (ν = 1) for K and V, maps = I, intercept row 0 when affine. *out owned by the caller. */
+int kvl_translator_identity(const struct kvl_model_fingerprint *fp, bool affine, kvl_translator_t **out,
+                            char *err, size_t errlen);
+
 /* ---- files ------------------------------------------------------------------------ */
 
 /* Read and validate a translator file (see the format above). On success *out is a new

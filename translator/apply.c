@@ -1,0 +1,202 @@
+/* apply.c — translating a span of one model's KV cache into another's (DESIGN.md
+ * "Translation"): un-rotate the source keys, concatenate the ν source layers, multiply
+ * by the maps (sgemm), rotate with the target RoPE, store. And the scalar reference. */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvl_error.h"
+#include "kvl_kernels.h"
+#include "translator-impl.h"
+
+#define APPLY_CHUNK 256 /* tokens per sgemm: bounds the scratch at any span length */
+
+/* Everything that can be refused, checked before anything is written. */
+static int check_span(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen) {
+  if (!t || !s) return kvl_errf(err, errlen, KVL_EINVAL, "translator or span is NULL");
+  if (s->n < 0) return kvl_errf(err, errlen, KVL_EINVAL, "span length %d is negative", (int)s->n);
+  if (strcmp(t->dst.architecture, "qwen2") != 0)
+    return kvl_errf(err, errlen, KVL_ENOTSUP,
+                    "target architecture '%s' is not supported (only qwen2: k-norm targets are not implemented)",
+                    t->dst.architecture);
+  if (strcmp(t->src.architecture, "qwen2") != 0)
+    return kvl_errf(err, errlen, KVL_ENOTSUP,
+                    "source architecture '%s' is not supported (only qwen2: a k-norm source's pre-RoPE keys "
+                    "cannot be recovered from its cache)",
+                    t->src.architecture);
+  if (!s->src_layout || !s->dst_layout || !s->src_rope || !s->dst_rope)
+    return kvl_errf(err, errlen, KVL_EINVAL, "span: a layout or RoPE is NULL");
+  const struct kvl_kv_layout *ls = s->src_layout, *ld = s->dst_layout;
+  int64_t ws = (int64_t)ls->n_kv_head * ls->head_dim, wd = (int64_t)ld->n_kv_head * ld->head_dim;
+  if (ls->n_layer != t->src.n_layer)
+    return kvl_errf(err, errlen, KVL_EMISMATCH, "source n_layer: translator %d, layout %d", (int)t->src.n_layer,
+                    ls->n_layer);
+  if (ws != t->w_src)
+    return kvl_errf(err, errlen, KVL_EMISMATCH, "source kv width: translator %lld, layout %lld (%d x %d)",
+                    (long long)t->w_src, (long long)ws, ls->n_kv_head, ls->head_dim);
+  if (ld->n_layer != t->dst.n_layer)
+    return kvl_errf(err, errlen, KVL_EMISMATCH, "target n_layer: translator %d, layout %d", (int)t->dst.n_layer,
+                    ld->n_layer);
+  if (wd != t->w_dst)
+    return kvl_errf(err, errlen, KVL_EMISMATCH, "target kv width: translator %lld, layout %lld (%d x %d)",
+                    (long long)t->w_dst, (long long)wd, ld->n_kv_head, ld->head_dim);
+  if (s->src_rope->head_dim != ls->head_dim)
+    return kvl_errf(err, errlen, KVL_EINVAL, "source RoPE head_dim %d, layout head_dim %d", s->src_rope->head_dim,
+                    ls->head_dim);
+  if (s->dst_rope->head_dim != ld->head_dim)
+    return kvl_errf(err, errlen, KVL_EINVAL, "target RoPE head_dim %d, layout head_dim %d", s->dst_rope->head_dim,
+                    ld->head_dim);
+  for (int32_t l = 0; l < t->dst.n_layer; l++)
+    for (int w = 0; w < 2; w++)
+      if (t->maps[l][w].nu == 0)
+        return kvl_errf(err, errlen, KVL_ENOENT, "target layer %d: %s map not set", (int)l, w ? "V" : "K");
+  if (s->n == 0) return 0;
+  if (!s->src_base || !s->src_table || !s->src_pos || !s->dst_base || !s->dst_table || !s->dst_pos)
+    return kvl_errf(err, errlen, KVL_EINVAL, "span: a pool, block table or position array is NULL");
+  for (int32_t i = 0; i < s->n; i++)
+    if (s->src_pos[i] < 0 || s->dst_pos[i] < 0)
+      return kvl_errf(err, errlen, KVL_EINVAL, "token %d: negative position (source %d, target %d)", (int)i,
+                      (int)s->src_pos[i], (int)s->dst_pos[i]);
+  return 0;
+}
+
+/* Build the chunk's input matrix x[n][rows] of one map: its source layers' K (rotated
+ * back) or V rows at src_pos[0..n), concatenated, then a 1 when affine. tmp: [n][w_S]. */
+static void gather(const kvl_translator_t *t, const struct kvl_translate_span *s, const struct kvl__tr_map *mp,
+                   bool keys, const int32_t *src_pos, int n, float *tmp, float *x) {
+  int64_t ws = t->w_src, rows = mp->rows;
+  for (int j = 0; j < mp->nu; j++) {
+    for (int i = 0; i < n; i++) {
+      float *row = tmp + (size_t)i * ws;
+      kvl_kv_load(s->src_layout, s->src_base, mp->sources[j], src_pos[i], s->src_table, keys ? row : NULL,
+                  keys ? NULL : row);
+    }
+    if (keys) kvl_rope(kvl_backend_cpu(), s->src_rope, tmp, src_pos, n, s->src_layout->n_kv_head, true);
+    for (int i = 0; i < n; i++) memcpy(x + (size_t)i * rows + (size_t)j * ws, tmp + (size_t)i * ws, (size_t)ws * 4);
+  }
+  if (t->affine)
+    for (int i = 0; i < n; i++) x[(size_t)i * rows + rows - 1] = 1.0f;
+}
+
+int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen) {
+  int rc = check_span(t, s, err, errlen);
+  if (rc < 0 || s->n == 0) return rc;
+  int64_t max_rows = 0;
+  for (int32_t l = 0; l < t->dst.n_layer; l++)
+    for (int w = 0; w < 2; w++)
+      if (t->maps[l][w].rows > max_rows) max_rows = t->maps[l][w].rows;
+  int chunk = s->n < APPLY_CHUNK ? (int)s->n : APPLY_CHUNK;
+  float *x = malloc((size_t)chunk * (size_t)max_rows * sizeof(float));
+  float *tmp = malloc((size_t)chunk * (size_t)t->w_src * sizeof(float));
+  float *yk = malloc((size_t)chunk * (size_t)t->w_dst * sizeof(float));
+  float *yv = malloc((size_t)chunk * (size_t)t->w_dst * sizeof(float));
+  int32_t *seq = calloc((size_t)chunk, sizeof(int32_t));
+  if (!x || !tmp || !yk || !yv || !seq) {
+    rc = kvl_errf(err, errlen, KVL_ENOMEM, "translating %d positions: out of memory for the scratch", (int)s->n);
+    goto out;
+  }
+  const int32_t *tables[] = {s->dst_table};
+  int wd = (int)t->w_dst;
+  for (int32_t l = 0; l < t->dst.n_layer; l++) {
+    const struct kvl__tr_map *mk = &t->maps[l][KVL_TRANSLATOR_K], *mv = &t->maps[l][KVL_TRANSLATOR_V];
+    for (int32_t i0 = 0; i0 < s->n; i0 += chunk) {
+      int n = s->n - i0 < chunk ? (int)(s->n - i0) : chunk;
+      const int32_t *sp = s->src_pos + i0, *dp = s->dst_pos + i0;
+      gather(t, s, mk, true, sp, n, tmp, x);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, wd, (int)mk->rows, 1.0f, x, (int)mk->rows, mk->data,
+                  wd, 0.0f, yk, wd);
+      kvl_rope(kvl_backend_cpu(), s->dst_rope, yk, dp, n, s->dst_layout->n_kv_head, false);
+      gather(t, s, mv, false, sp, n, tmp, x);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, wd, (int)mv->rows, 1.0f, x, (int)mv->rows, mv->data,
+                  wd, 0.0f, yv, wd);
+      kvl_kv_store(s->dst_layout, s->dst_base, (int)l, n, yk, yv, dp, seq, tables);
+    }
+  }
+out:
+  free(x);
+  free(tmp);
+  free(yk);
+  free(yv);
+  free(seq);
+  return rc;
+}
+
+/* y[w_T] = x · map, accumulated in double. */
+static void matvec_ref(const struct kvl__tr_map *mp, int64_t cols, const float *x, float *y) {
+  for (int64_t c = 0; c < cols; c++) {
+    double acc = 0;
+    for (int64_t r = 0; r < mp->rows; r++) acc += (double)x[r] * (double)mp->data[r * cols + c];
+    y[c] = (float)acc;
+  }
+}
+
+static void gather_ref(const kvl_translator_t *t, const struct kvl_translate_span *s, const struct kvl__tr_map *mp,
+                       bool keys, int32_t pos, float *x) {
+  int64_t ws = t->w_src;
+  for (int j = 0; j < mp->nu; j++) {
+    float *row = x + (size_t)j * ws;
+    kvl_kv_load(s->src_layout, s->src_base, mp->sources[j], pos, s->src_table, keys ? row : NULL, keys ? NULL : row);
+    if (keys) kvl_rope_ref(s->src_rope, row, &pos, 1, s->src_layout->n_kv_head, true);
+  }
+  if (t->affine) x[mp->rows - 1] = 1.0f;
+}
+
+int kvl_translator_apply_ref(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err,
+                             size_t errlen) {
+  int rc = check_span(t, s, err, errlen);
+  if (rc < 0 || s->n == 0) return rc;
+  int64_t max_rows = 0;
+  for (int32_t l = 0; l < t->dst.n_layer; l++)
+    for (int w = 0; w < 2; w++)
+      if (t->maps[l][w].rows > max_rows) max_rows = t->maps[l][w].rows;
+  float *x = malloc((size_t)max_rows * sizeof(float));
+  float *yk = malloc((size_t)t->w_dst * sizeof(float)), *yv = malloc((size_t)t->w_dst * sizeof(float));
+  if (!x || !yk || !yv) {
+    rc = kvl_errf(err, errlen, KVL_ENOMEM, "out of memory");
+    goto out;
+  }
+  const int32_t *tables[] = {s->dst_table};
+  const int32_t seq0 = 0;
+  for (int32_t l = 0; l < t->dst.n_layer; l++)
+    for (int32_t i = 0; i < s->n; i++) {
+      gather_ref(t, s, &t->maps[l][KVL_TRANSLATOR_K], true, s->src_pos[i], x);
+      matvec_ref(&t->maps[l][KVL_TRANSLATOR_K], t->w_dst, x, yk);
+      kvl_rope_ref(s->dst_rope, yk, &s->dst_pos[i], 1, s->dst_layout->n_kv_head, false);
+      gather_ref(t, s, &t->maps[l][KVL_TRANSLATOR_V], false, s->src_pos[i], x);
+      matvec_ref(&t->maps[l][KVL_TRANSLATOR_V], t->w_dst, x, yv);
+      kvl_kv_store(s->dst_layout, s->dst_base, (int)l, 1, yk, yv, &s->dst_pos[i], &seq0, tables);
+    }
+out:
+  free(x);
+  free(yk);
+  free(yv);
+  return rc;
+}
+
+int kvl_translator_identity(const struct kvl_model_fingerprint *fp, bool affine, kvl_translator_t **out,
+                            char *err, size_t errlen) {
+  KVL_ASSERT(out);
+  *out = NULL;
+  if (!fp) return kvl_errf(err, errlen, KVL_EINVAL, "fingerprint is NULL");
+  kvl_translator_t *t;
+  int rc = kvl_translator_new(fp, fp, affine, &t, err, errlen);
+  if (rc < 0) return rc;
+  int64_t w = kvl_fingerprint_kv_width(fp), rows = w + (affine ? 1 : 0);
+  float *map = calloc((size_t)rows * (size_t)w, sizeof(float));
+  if (!map) {
+    kvl_translator_free(t);
+    return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory for a %lld x %lld map", (long long)rows, (long long)w);
+  }
+  for (int64_t i = 0; i < w; i++) map[i * w + i] = 1.0f;
+  for (int32_t l = 0; l < fp->n_layer && rc == 0; l++) {
+    rc = kvl_translator_set_map(t, l, KVL_TRANSLATOR_K, &l, 1, map);
+    if (rc == 0) rc = kvl_translator_set_map(t, l, KVL_TRANSLATOR_V, &l, 1, map);
+  }
+  free(map);
+  if (rc < 0) {
+    kvl_translator_free(t);
+    return kvl_errf(err, errlen, rc, "identity translator: setting a map failed (%s)", kvl_strerror(rc));
+  }
+  *out = t;
+  return 0;
+}
