@@ -32,10 +32,12 @@ int kvl__dequant_avx512(uint32_t type, const void *src, float *dst, int64_t n);
 
 /* Decode path with int8 activations (cpu/qdot_avx512.c, AVX-512 VNNI): quantise one row
  * of K activations per 32 (q, scales d[K/32], sums of 16 s16[K/16]); dot one weight row
- * with it. KVL_ENOTSUP for formats it does not cover. */
+ * with n_tokens such rows (token t at xq + t*K, xd + t*K/32, xs + t*K/16), unpacking each
+ * weight unit once for all of them. KVL_ENOTSUP for formats it does not cover. */
+#define KVL__QDOT_MAX_T 16
 void kvl__q8_act(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
 int kvl__qdot_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd,
-                         const int32_t *xs, float *out);
+                         const int32_t *xs, int n_tokens, float *out);
 
 extern const struct kvl__simd kvl__simd_scalar;
 extern const struct kvl__simd kvl__simd_avx2;
@@ -47,7 +49,7 @@ struct kvl_backend {
   const struct kvl__simd *simd;      /* CPU backend: the dispatched level */
   /* CPU backend: int8-activation decode kernels (NULL where the level has none) */
   int (*qdot)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd, const int32_t *xs,
-              float *out);
+              int n_tokens, float *out);
 };
 
 #endif

@@ -15,7 +15,6 @@
 #include "kvl_error.h"
 
 #define KVL__ROWS 16 /* weight rows dequantised per tile */
-#define KVL__QDOT_MAX_T 4 /* the int8 decode path serves batches up to this many tokens */
 
 /* KVL_DECODE=exact turns the int8-activation decode path off (fp32 everywhere). */
 static bool int8_decode_enabled(void) {
@@ -45,11 +44,9 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
 #pragma omp parallel for schedule(dynamic, 64)
   for (int64_t r = 0; r < N; r++) {
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
-    for (int t = 0; t < n_tokens; t++) {
-      float v;
-      be->qdot(w->type, row, K, xq + (int64_t)t * K, xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16), &v);
-      y[(int64_t)t * N + r] = v + (w->bias ? w->bias[r] : 0.0f);
-    }
+    float v[KVL__QDOT_MAX_T];
+    be->qdot(w->type, row, K, xq, xd, xs, n_tokens, v);
+    for (int t = 0; t < n_tokens; t++) y[(int64_t)t * N + r] = v[t] + (w->bias ? w->bias[r] : 0.0f);
   }
   free(xq);
   free(xd);
@@ -103,12 +100,12 @@ static void blas_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
 }
 
 static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
-  if (n_tokens >= KVL__GEMM_MIN_T && be->simd != &kvl__simd_scalar) {
-    blas_matmul(be, w, x, y, n_tokens);
-    return;
-  }
   if (be->qdot && n_tokens <= KVL__QDOT_MAX_T && qdot_type(w->type) && int8_decode_enabled()) {
     qdot_matmul(be, w, x, y, n_tokens);
+    return;
+  }
+  if (n_tokens >= KVL__GEMM_MIN_T && be->simd != &kvl__simd_scalar) {
+    blas_matmul(be, w, x, y, n_tokens);
     return;
   }
   const struct kvl__simd *s = S(be);

@@ -51,9 +51,18 @@ static inline __m512 two_scales(float a, float b) {
   return _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
 }
 
-static float dot_q8_0(const uint8_t *w, int64_t nb, const int8_t *xq, const float *xd, const int32_t *xs) {
-  __m512 acc = _mm512_setzero_ps();
-  float corr = 0;
+/* Activations of T tokens: token t's codes at q + t*K, scales at d + t*K/32, sums of
+ * 16 at s + t*K/16. Every kernel unpacks a weight unit once and uses it for all T. */
+struct acts { const int8_t *q; const float *d; const int32_t *s; int64_t K; int T; };
+
+#define QA(a, t) ((a)->q + (int64_t)(t) * (a)->K)
+#define DA(a, t) ((a)->d + (int64_t)(t) * ((a)->K / 32))
+#define SA(a, t) ((a)->s + (int64_t)(t) * ((a)->K / 16))
+
+static inline __attribute__((always_inline)) void dot_q8_0_n(const uint8_t *w, int64_t nb, const struct acts *a, float *out, const int T) {
+  __m512 acc[KVL__QDOT_MAX_T];
+  float corr[KVL__QDOT_MAX_T] = {0}, tail[KVL__QDOT_MAX_T] = {0};
+  for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
   const __m256i flip = _mm256_set1_epi8((char)0x80);
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2, w += 68) {
@@ -61,23 +70,29 @@ static float dot_q8_0(const uint8_t *w, int64_t nb, const int8_t *xq, const floa
     __m256i wa = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)), flip);
     __m256i wb = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 36)), flip);
     __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(wa), wb, 1);
-    __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(xq + 32 * b));
-    float da = h2f(w) * xd[b], db = h2f(w + 34) * xd[b + 1];
-    acc = fmadd_i32(acc, dot, two_scales(da, db));
-    corr += da * (float)(xs[2 * b] + xs[2 * b + 1]) + db * (float)(xs[2 * b + 2] + xs[2 * b + 3]);
+    float wda = h2f(w), wdb = h2f(w + 34);
+    for (int t = 0; t < T; t++) {
+      const float *xd = DA(a, t);
+      const int32_t *xs = SA(a, t);
+      __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(QA(a, t) + 32 * b));
+      float da = wda * xd[b], db = wdb * xd[b + 1];
+      acc[t] = fmadd_i32(acc[t], dot, two_scales(da, db));
+      corr[t] += da * (float)(xs[2 * b] + xs[2 * b + 1]) + db * (float)(xs[2 * b + 2] + xs[2 * b + 3]);
+    }
   }
-  float tail = 0;
-  for (; b < nb; b++, w += 34) {
-    int32_t s = 0;
-    for (int i = 0; i < 32; i++) s += (int8_t)w[2 + i] * xq[32 * b + i];
-    tail += h2f(w) * xd[b] * (float)s;
-  }
-  return _mm512_reduce_add_ps(acc) - 128.0f * corr + tail;
+  for (; b < nb; b++, w += 34)
+    for (int t = 0; t < T; t++) {
+      int32_t sum = 0;
+      for (int i = 0; i < 32; i++) sum += (int8_t)w[2 + i] * QA(a, t)[32 * b + i];
+      tail[t] += h2f(w) * DA(a, t)[b] * (float)sum;
+    }
+  for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - 128.0f * corr[t] + tail[t];
 }
 
-static float dot_q5_0(const uint8_t *w, int64_t nb, const int8_t *xq, const float *xd, const int32_t *xs) {
-  __m512 acc = _mm512_setzero_ps();
-  float corr = 0;
+static inline __attribute__((always_inline)) void dot_q5_0_n(const uint8_t *w, int64_t nb, const struct acts *a, float *out, const int T) {
+  __m512 acc[KVL__QDOT_MAX_T];
+  float corr[KVL__QDOT_MAX_T] = {0}, tail[KVL__QDOT_MAX_T] = {0};
+  for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
   const __m128i lo4 = _mm_set1_epi8(0x0f);
   const __m256i bit4 = _mm256_set1_epi8(0x10);
   int64_t b = 0;
@@ -94,24 +109,31 @@ static float dot_q5_0(const uint8_t *w, int64_t nb, const int8_t *xq, const floa
       v[k] = _mm256_mask_blend_epi8((__mmask32)qh, u, _mm256_or_si256(u, bit4));
     }
     __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(v[0]), v[1], 1);
-    __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(xq + 32 * b));
-    float da = h2f(w) * xd[b], db = h2f(w + 22) * xd[b + 1];
-    acc = fmadd_i32(acc, dot, two_scales(da, db));
-    corr += da * (float)(xs[2 * b] + xs[2 * b + 1]) + db * (float)(xs[2 * b + 2] + xs[2 * b + 3]);
+    float wda = h2f(w), wdb = h2f(w + 22);
+    for (int t = 0; t < T; t++) {
+      const float *xd = DA(a, t);
+      const int32_t *xs = SA(a, t);
+      __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(QA(a, t) + 32 * b));
+      float da = wda * xd[b], db = wdb * xd[b + 1];
+      acc[t] = fmadd_i32(acc[t], dot, two_scales(da, db));
+      corr[t] += da * (float)(xs[2 * b] + xs[2 * b + 1]) + db * (float)(xs[2 * b + 2] + xs[2 * b + 3]);
+    }
   }
-  float tail = 0;
   for (; b < nb; b++, w += 22) {
     uint32_t qh;
     memcpy(&qh, w + 2, 4);
-    int32_t s = 0;
-    for (int j = 0; j < 16; j++) {
-      int x0 = (int)((w[6 + j] & 0x0f) | (((qh >> j) << 4) & 0x10)) - 16;
-      int x1 = (int)((w[6 + j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
-      s += x0 * xq[32 * b + j] + x1 * xq[32 * b + 16 + j];
+    for (int t = 0; t < T; t++) {
+      const int8_t *xq = QA(a, t);
+      int32_t sum = 0;
+      for (int j = 0; j < 16; j++) {
+        int x0 = (int)((w[6 + j] & 0x0f) | (((qh >> j) << 4) & 0x10)) - 16;
+        int x1 = (int)((w[6 + j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+        sum += x0 * xq[32 * b + j] + x1 * xq[32 * b + 16 + j];
+      }
+      tail[t] += h2f(w) * DA(a, t)[b] * (float)sum;
     }
-    tail += h2f(w) * xd[b] * (float)s;
   }
-  return _mm512_reduce_add_ps(acc) - 16.0f * corr + tail;
+  for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - 16.0f * corr[t] + tail[t];
 }
 
 static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
@@ -124,11 +146,12 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
   }
 }
 
-static float dot_q4_k(const uint8_t *w, int64_t nb, const int8_t *xq, const float *xd, const int32_t *xs) {
-  __m512 acc = _mm512_setzero_ps();
-  float mins = 0;
+static inline __attribute__((always_inline)) void dot_q4_k_n(const uint8_t *w, int64_t nb, const struct acts *a, float *out, const int T) {
+  __m512 acc[KVL__QDOT_MAX_T];
+  float mins[KVL__QDOT_MAX_T] = {0};
+  for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
   const __m256i lo4 = _mm256_set1_epi8(0x0f);
-  for (int64_t b = 0; b < nb; b++, w += 144, xq += 256, xd += 8, xs += 16) {
+  for (int64_t b = 0; b < nb; b++, w += 144) {
     _mm_prefetch((const char *)w + 576, _MM_HINT_T0); /* 4 blocks ahead */
     _mm_prefetch((const char *)w + 640, _MM_HINT_T0);
     _mm_prefetch((const char *)w + 704, _MM_HINT_T0);
@@ -138,21 +161,27 @@ static float dot_q4_k(const uint8_t *w, int64_t nb, const int8_t *xq, const floa
       __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
       __m256i lo = _mm256_and_si256(raw, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
       __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-      __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(xq + 64 * j));
       int s0, m0, s1, m1;
       scale_min_k4(2 * j, sc, &s0, &m0);
       scale_min_k4(2 * j + 1, sc, &s1, &m1);
-      acc = fmadd_i32(acc, dot, two_scales(d * (float)s0 * xd[2 * j], d * (float)s1 * xd[2 * j + 1]));
-      mins += dmin * ((float)m0 * xd[2 * j] * (float)(xs[4 * j] + xs[4 * j + 1]) +
-                      (float)m1 * xd[2 * j + 1] * (float)(xs[4 * j + 2] + xs[4 * j + 3]));
+      float f0 = d * (float)s0, f1 = d * (float)s1, g0 = dmin * (float)m0, g1 = dmin * (float)m1;
+      for (int t = 0; t < T; t++) {
+        const float *xd = DA(a, t) + 8 * b;
+        const int32_t *xs = SA(a, t) + 16 * b;
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(QA(a, t) + 256 * b + 64 * j));
+        acc[t] = fmadd_i32(acc[t], dot, two_scales(f0 * xd[2 * j], f1 * xd[2 * j + 1]));
+        mins[t] += g0 * xd[2 * j] * (float)(xs[4 * j] + xs[4 * j + 1]) +
+                   g1 * xd[2 * j + 1] * (float)(xs[4 * j + 2] + xs[4 * j + 3]);
+      }
     }
   }
-  return _mm512_reduce_add_ps(acc) - mins;
+  for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - mins[t];
 }
 
-static float dot_q6_k(const uint8_t *w, int64_t nb, const int8_t *xq, const float *xd, const int32_t *xs) {
-  __m512 acc = _mm512_setzero_ps();
-  float corr = 0;
+static inline __attribute__((always_inline)) void dot_q6_k_n(const uint8_t *w, int64_t nb, const struct acts *a, float *out, const int T) {
+  __m512 acc[KVL__QDOT_MAX_T];
+  float corr[KVL__QDOT_MAX_T] = {0};
+  for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
   const __m256i lo4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
   for (int64_t b = 0; b < nb; b++, w += 210) {
     for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 630 + o, _MM_HINT_T0); /* 3 blocks ahead */
@@ -160,42 +189,66 @@ static float dot_q6_k(const uint8_t *w, int64_t nb, const int8_t *xq, const floa
     const int8_t *sc = (const int8_t *)(w + 192);
     for (int n = 0; n < 2; n++) {
       const uint8_t *ql = w + 64 * n, *qh = w + 128 + 32 * n;
-      __m256i a = _mm256_loadu_si256((const __m256i *)ql), c = _mm256_loadu_si256((const __m256i *)(ql + 32));
+      __m256i av = _mm256_loadu_si256((const __m256i *)ql), c = _mm256_loadu_si256((const __m256i *)(ql + 32));
       __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-      __m256i q1 = _mm256_or_si256(_mm256_and_si256(a, lo4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
+      __m256i q1 = _mm256_or_si256(_mm256_and_si256(av, lo4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
       __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, lo4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4));
-      __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), lo4),
+      __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(av, 4), lo4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4));
       __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), lo4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
-      const int8_t *x = xq + 256 * b + 128 * n;
-      const float *dx = xd + 8 * b + 4 * n;           /* 4 activation blocks of 32 */
-      const int32_t *s = xs + 16 * b + 8 * n;         /* 8 sums of 16 */
-      const int8_t *g = sc + 8 * n;                   /* 8 group scales of 16 */
-      for (int k = 0; k < 2; k++) {                   /* elements 64k .. 64k+63 */
+      const int8_t *g = sc + 8 * n; /* 8 group scales of 16 */
+      for (int k = 0; k < 2; k++) { /* elements 64k .. 64k+63 of this half */
         __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(k ? q3 : q1), k ? q4 : q2, 1);
-        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(x + 64 * k));
-        /* lanes of 4 elements: groups of 16 = 4 lanes, each with scale sc * dx */
-        float f[4];
-        for (int t = 0; t < 4; t++) f[t] = d * (float)g[4 * k + t] * dx[2 * k + t / 2];
-        __m512 scale = _mm512_set_ps(f[3], f[3], f[3], f[3], f[2], f[2], f[2], f[2], f[1], f[1], f[1], f[1], f[0], f[0],
-                                     f[0], f[0]);
-        acc = fmadd_i32(acc, dot, scale);
-        for (int t = 0; t < 4; t++) corr += f[t] * (float)s[4 * k + t];
+        float dg[4];
+        for (int tt = 0; tt < 4; tt++) dg[tt] = d * (float)g[4 * k + tt];
+        for (int t = 0; t < T; t++) {
+          const float *dx = DA(a, t) + 8 * b + 4 * n;   /* 4 activation blocks of 32 */
+          const int32_t *s = SA(a, t) + 16 * b + 8 * n; /* 8 sums of 16 */
+          __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
+                                            _mm512_loadu_si512(QA(a, t) + 256 * b + 128 * n + 64 * k));
+          /* lanes of 4 elements: each group of 16 = 4 lanes, scale d * sc * dx */
+          float f0 = dg[0] * dx[2 * k], f1 = dg[1] * dx[2 * k], f2 = dg[2] * dx[2 * k + 1], f3 = dg[3] * dx[2 * k + 1];
+          __m512 scale = _mm512_set_ps(f3, f3, f3, f3, f2, f2, f2, f2, f1, f1, f1, f1, f0, f0, f0, f0);
+          acc[t] = fmadd_i32(acc[t], dot, scale);
+          corr[t] += f0 * (float)s[4 * k] + f1 * (float)s[4 * k + 1] + f2 * (float)s[4 * k + 2] + f3 * (float)s[4 * k + 3];
+        }
       }
     }
   }
-  return _mm512_reduce_add_ps(acc) - 32.0f * corr;
+  for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - 32.0f * corr[t];
+}
+
+static void dot_q8_0(const uint8_t *w, int64_t nb, const struct acts *a, float *out) {
+  if (a->T == 1) dot_q8_0_n(w, nb, a, out, 1); /* constant T: accumulators stay in registers */
+  else dot_q8_0_n(w, nb, a, out, a->T);
+}
+
+static void dot_q5_0(const uint8_t *w, int64_t nb, const struct acts *a, float *out) {
+  if (a->T == 1) dot_q5_0_n(w, nb, a, out, 1); /* constant T: accumulators stay in registers */
+  else dot_q5_0_n(w, nb, a, out, a->T);
+}
+
+static void dot_q4_k(const uint8_t *w, int64_t nb, const struct acts *a, float *out) {
+  if (a->T == 1) dot_q4_k_n(w, nb, a, out, 1); /* constant T: accumulators stay in registers */
+  else dot_q4_k_n(w, nb, a, out, a->T);
+}
+
+static void dot_q6_k(const uint8_t *w, int64_t nb, const struct acts *a, float *out) {
+  if (a->T == 1) dot_q6_k_n(w, nb, a, out, 1); /* constant T: accumulators stay in registers */
+  else dot_q6_k_n(w, nb, a, out, a->T);
 }
 
 int kvl__qdot_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd,
-                         const int32_t *xs, float *out) {
+                         const int32_t *xs, int n_tokens, float *out) {
+  if (n_tokens < 1 || n_tokens > KVL__QDOT_MAX_T) return KVL_EINVAL;
+  struct acts a = {xq, xd, xs, K, n_tokens};
   switch (type) {
-  case KVL_TYPE_Q8_0: *out = dot_q8_0(w, K / 32, xq, xd, xs); return 0;
-  case KVL_TYPE_Q5_0: *out = dot_q5_0(w, K / 32, xq, xd, xs); return 0;
-  case KVL_TYPE_Q4_K: *out = dot_q4_k(w, K / 256, xq, xd, xs); return 0;
-  case KVL_TYPE_Q6_K: *out = dot_q6_k(w, K / 256, xq, xd, xs); return 0;
+  case KVL_TYPE_Q8_0: dot_q8_0(w, K / 32, &a, out); return 0;
+  case KVL_TYPE_Q5_0: dot_q5_0(w, K / 32, &a, out); return 0;
+  case KVL_TYPE_Q4_K: dot_q4_k(w, K / 256, &a, out); return 0;
+  case KVL_TYPE_Q6_K: dot_q6_k(w, K / 256, &a, out); return 0;
   default: return KVL_ENOTSUP;
   }
 }

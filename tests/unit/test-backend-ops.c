@@ -73,7 +73,7 @@ static const uint32_t wtypes[] = {KVL_TYPE_F32, KVL_TYPE_F16, KVL_TYPE_BF16, KVL
 
 static void test_matmul(kvl_backend_t *be) {
   static const struct { int64_t rows, cols; int T; } shapes[] = {
-    {1, 256, 1}, {7, 512, 3}, {33, 256, 4}, {17, 768, 5}, {64, 1024, 17}, {130, 256, 1},
+    {1, 256, 1}, {7, 512, 3}, {33, 256, 4}, {17, 768, 5}, {64, 1024, 17}, {130, 256, 1}, {40, 512, 16}, {9, 256, 7},
   };
   for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++)
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
@@ -94,9 +94,11 @@ static void test_matmul(kvl_backend_t *be) {
       snprintf(desc, sizeof(desc), "%s rows=%lld cols=%lld T=%d%s", kvl_type_name(ty), (long long)rows,
                (long long)cols, T, w.bias ? " +bias" : "");
       /* the int8-activation decode path (small batches, 4 formats) has quantisation error */
-      bool int8 = be->qdot && T <= 4 && (ty == KVL_TYPE_Q8_0 || ty == KVL_TYPE_Q5_0 || ty == KVL_TYPE_Q4_K || ty == KVL_TYPE_Q6_K);
-      report(kvl_backend_name(be), int8 ? "matmul-i8" : "matmul", desc, nmse(y, yr, (size_t)T * rows), int8 ? 1e-3 : 1e-10);
-      if (int8) worst_i8 = fmax(worst_i8, nmse(y, yr, (size_t)T * rows));
+      bool int8 = be->qdot && T <= KVL__QDOT_MAX_T && (ty == KVL_TYPE_Q8_0 || ty == KVL_TYPE_Q5_0 || ty == KVL_TYPE_Q4_K || ty == KVL_TYPE_Q6_K);
+      report(kvl_backend_name(be), int8 ? "matmul-i8" : "matmul", desc, nmse(y, yr, (size_t)T * rows),
+             /* a single dot product can be near zero: its relative error says little */
+             int8 ? (rows * T >= 8 ? 1e-3 : 5e-2) : 1e-10);
+      if (int8 && rows * T >= 8) worst_i8 = fmax(worst_i8, nmse(y, yr, (size_t)T * rows));
       if (int8 && getenv("KVL_TEST_VERBOSE")) printf("  i8 %-40s nmse %.2e\n", desc, nmse(y, yr, (size_t)T * rows));
       free(wd); free(bias); free(x); free(y); free(yr);
     }
