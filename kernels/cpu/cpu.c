@@ -67,7 +67,8 @@ static bool cpu_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype
 /* Prefill-sized batches: dequantise a chunk of rows to fp32 and hand the product to
  * OpenBLAS (its OpenMP build: inside our parallel region it runs single-threaded, so the
  * process keeps one thread runtime and two threads). */
-#define KVL__GEMM_MIN_T 16   /* from this many tokens on */
+#define KVL__GEMM_MIN_T 9    /* from this many tokens on */
+#define KVL__QDOT_USE_T 8    /* the int8 path up to this many (it wins up to ~8 on 2 cores) */
 #define KVL__GEMM_ROWS 128   /* rows per chunk */
 
 static void blas_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
@@ -100,7 +101,7 @@ static void blas_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
 }
 
 static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
-  if (be->qdot && n_tokens <= KVL__QDOT_MAX_T && qdot_type(w->type) && int8_decode_enabled()) {
+  if (be->qdot && n_tokens <= KVL__QDOT_USE_T && qdot_type(w->type) && int8_decode_enabled()) {
     qdot_matmul(be, w, x, y, n_tokens);
     return;
   }
