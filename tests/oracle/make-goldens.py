@@ -451,7 +451,7 @@ def run_model(short, fname, args, prompts, models_tsv):
     log(f"  reference forward done in {time.time() - t1:.0f}s")
 
     os.makedirs(args.out_dir, exist_ok=True)
-    out = os.path.join(args.out_dir, short + ".gguf")
+    out = os.path.join(args.out_dir, short + ".golden")  # GGUF container, .golden so it is never taken for weights
     w = GGUFWriter(out, arch="golden")
     w.add_string("golden.model", short)
     w.add_string("golden.model_file", fname)
@@ -546,7 +546,7 @@ def main():
         "KVLINGO_MODELS", os.path.expanduser("~/.cache/kvlingo/models")),
         help="model cache holding the GGUF files (default: $KVLINGO_MODELS or ~/.cache/kvlingo/models)")
     ap.add_argument("--out-dir", default=os.path.join(REPO, "tests", "oracle", "golden"),
-                    help="where to write <model>.gguf (default: tests/oracle/golden)")
+                    help="where to write <model>.golden, a GGUF container (default: tests/oracle/golden)")
     ap.add_argument("--only", action="append", choices=[m[0] for m in MODELS],
                     help="regenerate only this model (repeatable)")
     ap.add_argument("--stdlib", default=sysconfig.get_paths()["stdlib"],
