@@ -59,6 +59,21 @@ struct acts { const int8_t *q; const float *d; const int32_t *s; int64_t K; int 
 #define DA(a, t) ((a)->d + (int64_t)(t) * ((a)->K / 32))
 #define SA(a, t) ((a)->s + (int64_t)(t) * ((a)->K / 16))
 
+/* Two 32-element blocks (b, b+1) of unsigned codes u against every token: the shared
+ * inner loop of Q8_0 and Q5_0; the caller takes out offset x corr. */
+static inline __attribute__((always_inline)) void pair_tokens(__m512i u, float wda, float wdb, int64_t b,
+                                                             const struct acts *a, __m512 *acc, float *corr,
+                                                             const int T) {
+  for (int t = 0; t < T; t++) {
+    const float *xd = DA(a, t);
+    const int32_t *xs = SA(a, t);
+    __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(QA(a, t) + 32 * b));
+    float da = wda * xd[b], db = wdb * xd[b + 1];
+    acc[t] = fmadd_i32(acc[t], dot, two_scales(da, db));
+    corr[t] += da * (float)(xs[2 * b] + xs[2 * b + 1]) + db * (float)(xs[2 * b + 2] + xs[2 * b + 3]);
+  }
+}
+
 static inline __attribute__((always_inline)) void dot_q8_0_n(const uint8_t *w, int64_t nb, const struct acts *a, float *out, const int T) {
   __m512 acc[KVL__QDOT_MAX_T];
   float corr[KVL__QDOT_MAX_T] = {0}, tail[KVL__QDOT_MAX_T] = {0};
@@ -71,14 +86,7 @@ static inline __attribute__((always_inline)) void dot_q8_0_n(const uint8_t *w, i
     __m256i wb = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 36)), flip);
     __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(wa), wb, 1);
     float wda = h2f(w), wdb = h2f(w + 34);
-    for (int t = 0; t < T; t++) {
-      const float *xd = DA(a, t);
-      const int32_t *xs = SA(a, t);
-      __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(QA(a, t) + 32 * b));
-      float da = wda * xd[b], db = wdb * xd[b + 1];
-      acc[t] = fmadd_i32(acc[t], dot, two_scales(da, db));
-      corr[t] += da * (float)(xs[2 * b] + xs[2 * b + 1]) + db * (float)(xs[2 * b + 2] + xs[2 * b + 3]);
-    }
+    pair_tokens(u, wda, wdb, b, a, acc, corr, T);
   }
   for (; b < nb; b++, w += 34)
     for (int t = 0; t < T; t++) {
@@ -110,14 +118,7 @@ static inline __attribute__((always_inline)) void dot_q5_0_n(const uint8_t *w, i
     }
     __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(v[0]), v[1], 1);
     float wda = h2f(w), wdb = h2f(w + 22);
-    for (int t = 0; t < T; t++) {
-      const float *xd = DA(a, t);
-      const int32_t *xs = SA(a, t);
-      __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(QA(a, t) + 32 * b));
-      float da = wda * xd[b], db = wdb * xd[b + 1];
-      acc[t] = fmadd_i32(acc[t], dot, two_scales(da, db));
-      corr[t] += da * (float)(xs[2 * b] + xs[2 * b + 1]) + db * (float)(xs[2 * b + 2] + xs[2 * b + 3]);
-    }
+    pair_tokens(u, wda, wdb, b, a, acc, corr, T);
   }
   for (; b < nb; b++, w += 22) {
     uint32_t qh;

@@ -56,7 +56,8 @@ static double rel_err(const float *a, const float *ref, size_t n) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: test-golden MODEL.gguf GOLDEN.gguf [--kv f32|bf16] [--chunk N] [--lp-bound X]\n");
+    fprintf(stderr, "usage: test-golden MODEL.gguf GOLDEN [--kv f32|bf16] [--chunk N] [--lp-bound X] [--prompts N]\n"
+                    "                   [--argmax-tol F] [--kv-bound X] [--decode N]\n");
     return 2;
   }
   enum kvl_kv_dtype dt = KVL_KV_F32;
