@@ -49,35 +49,6 @@ static double now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* MODEL as given if it is a file, else the first *.gguf in the models directory whose
- * name starts with MODEL. Returns a malloc'd path or NULL. */
-static char *resolve_model(const char *m) {
-  if (access(m, R_OK) == 0) return strdup(m);
-  const char *dir = getenv("KVLINGO_MODELS");
-  char def[4096];
-  if (!dir || !*dir) {
-    snprintf(def, sizeof(def), "%s/.cache/kvlingo/models", getenv("HOME") ? getenv("HOME") : ".");
-    dir = def;
-  }
-  DIR *d = opendir(dir);
-  if (!d) return NULL;
-  struct dirent *e;
-  char *found = NULL;
-  size_t ml = strlen(m);
-  while ((e = readdir(d))) {
-    size_t l = strlen(e->d_name);
-    if (l > 5 && !strcmp(e->d_name + l - 5, ".gguf") && !strncmp(e->d_name, m, ml) &&
-        (!found || strcmp(e->d_name, strrchr(found, '/') + 1) < 0)) {
-      free(found);
-      size_t n = strlen(dir) + l + 2;
-      found = malloc(n);
-      snprintf(found, n, "%s/%s", dir, e->d_name);
-    }
-  }
-  closedir(d);
-  return found;
-}
-
 static char *read_stdin(void) {
   size_t cap = 4096, n = 0;
   char *s = malloc(cap);
@@ -135,7 +106,7 @@ int kvl_cli_run(int argc, char **argv) {
   if (max_tokens < 0 || chunk < 1) { fprintf(stderr, "kvlingo run: -n and --chunk must be positive\n"); return 2; }
   char *stdin_prompt = NULL;
   if (!strcmp(prompt, "-")) prompt = stdin_prompt = read_stdin();
-  char *path = resolve_model(model);
+  char *path = kvl_cli_resolve_model(model);
   if (!path) {
     fprintf(stderr, "kvlingo run: no model '%s' (not a file, and no match in $KVLINGO_MODELS); run scripts/fetch-models\n", model);
     return 1;

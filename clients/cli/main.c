@@ -13,6 +13,8 @@ struct cmd {
 static const struct cmd cmds[] = {
   {"run", kvl_cli_run, "generate text from a model file, in this process"},
   {"info", kvl_cli_info, "show a GGUF model's metadata and tensors"},
+    {"fit", kvl_cli_fit, "fit closed-form KV translators between two models (stage 1)"},
+    {"eval", kvl_cli_eval, "score translators on held-out text against native caches"},
 };
 
 static void usage(FILE *f) {
