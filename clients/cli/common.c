@@ -45,8 +45,11 @@ double kvl_cli_now(void) {
 }
 
 void kvl_cli_progress(const char *what, int64_t done, int64_t total, double t0) {
-  if (!isatty(2)) {
-    if (done != total && done % (total / 20 > 0 ? total / 20 : 1) != 0) return;
+  static int64_t last_bucket = -1;
+  if (!isatty(2)) { /* a log: one line per 5% */
+    int64_t bucket = total > 0 ? done * 20 / total : 20;
+    if (bucket == last_bucket && done != total) return;
+    last_bucket = bucket;
   }
   double el = kvl_cli_now() - t0, eta = done > 0 ? el * (double)(total - done) / (double)done : 0;
   int w = 30, f = total > 0 ? (int)(w * done / total) : w;

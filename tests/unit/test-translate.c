@@ -1,11 +1,13 @@
 /* test-translate.c — applying translators to spans on the tiny synthetic model:
  * identity made hard to fake (identity maps, a random orthogonal map on the source side
  * composed with its transpose, shifted target positions), the sgemm kernel against the
- * scalar reference on a random cross-shape translator, and refusals by name. */
+ * scalar reference on a random cross-shape translator, refusals by name, and lines of two
+ * pools extended by translation with their provenance (kvl_line_translate). */
 #include "../kvl_test.h"
 #include "../tiny_model.h"
 #include "kvl_error.h"
 #include "kvl_model.h"
+#include "kvl_kvpool.h"
 #include "kvl_translator.h"
 
 enum { NP = 40, NC = 10, SHIFT = 7, NBLK = 16 };
@@ -380,6 +382,81 @@ static void test_refusals(void) {
   free(dst);
 }
 
+/* Forward n tokens at positions pos0.. of a pool line; returns all logits. */
+static float *run_line(kvl_line_t *l, const int32_t *toks, int n, int32_t pos0) {
+  int32_t pos[64], seq[64];
+  for (int i = 0; i < n; i++) { pos[i] = pos0 + i; seq[i] = 0; }
+  const int32_t *tables[] = {kvl_line_block_table(l)};
+  kvl_pool_t *p = kvl_line_pool(l);
+  struct kvl_kv_view kv = {kvl_pool_layout(p), kvl_pool_base(p), tables};
+  struct kvl_batch b = {n, toks, pos, seq, NULL};
+  float *lg = malloc((size_t)n * g_nv * sizeof(float));
+  CHECK_EQ_INT(kvl_model_forward(g_m, kvl_backend_cpu(), &b, &kv, lg, NULL), 0);
+  return lg;
+}
+
+/* Two pools of the same model (a model "translated" to itself): the source line prefills
+ * natively, the target line is extended by translation with writer 3, then continues
+ * natively; logits equal the native continuation; provenance says who wrote what. */
+static void test_pool_lines(void) {
+  char err[256];
+  struct kvl_pool_config c = {.layout = g_kl, .hot_bytes = 8 * kvl_kv_block_bytes(&g_kl),
+                              .cold_bytes = 8 * kvl_kv_block_bytes(&g_kl)};
+  kvl_pool_t *ps, *pd;
+  CHECK_EQ_INT(kvl_pool_new(&c, &ps), 0);
+  CHECK_EQ_INT(kvl_pool_new(&c, &pd), 0);
+  kvl_line_t *ls = kvl_line_new(ps), *ld = kvl_line_new(pd);
+  CHECK_EQ_INT(kvl_line_append(ls, P, NP, KVL_WRITER_NATIVE), 0);
+  free(run_line(ls, P, NP, 0));
+  kvl_translator_t *t;
+  CHECK_EQ_INT(kvl_translator_identity(&g_fp, true, &t, err, sizeof(err)), 0);
+  const struct kvl_rope *r = kvl_model_rope(g_m);
+  /* refusals leave the target as it was */
+  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, KVL_WRITER_NATIVE, 0, NP, r, r, err, sizeof(err)), KVL_EINVAL);
+  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, 3, 5, NP, r, r, err, sizeof(err)), KVL_EINVAL);
+  CHECK_STR_CONTAINS(err, "starts at 5");
+  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, 3, 0, NP + 1, r, r, err, sizeof(err)), KVL_EINVAL);
+  CHECK_EQ_INT(kvl_line_len(ld), 0);
+  /* in two pieces, to show spans chain */
+  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, 3, 0, 17, r, r, err, sizeof(err)), 0);
+  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, 3, 17, NP, r, r, err, sizeof(err)), 0);
+  CHECK_EQ_INT(kvl_line_len(ld), NP);
+  CHECK_EQ_INT(kvl_line_writer(ld, 0), 3);
+  CHECK_EQ_INT(kvl_line_writer(ld, NP - 1), 3);
+  CHECK(memcmp(kvl_line_tokens(ld), P, sizeof(P)) == 0);
+  CHECK_EQ_INT(kvl_line_append(ld, C, NC, KVL_WRITER_NATIVE), 0);
+  float *lg = run_line(ld, C, NC, NP);
+  double e = max_rel(lg, g_refA, (size_t)NC * g_nv);
+  if (e >= 1e-5) fprintf(stderr, "pool-line identity: max rel %.3g\n", e);
+  CHECK(e < 1e-5);
+  free(lg);
+  CHECK_EQ_INT(kvl_line_writer(ld, NP), KVL_WRITER_NATIVE);
+  /* a translated position is never a translation source */
+  kvl_line_t *l2 = kvl_line_new(ps);
+  CHECK_EQ_INT(kvl_line_translate(l2, ld, t, 4, 0, NP, r, r, err, sizeof(err)), KVL_EINVAL);
+  CHECK_STR_CONTAINS(err, "translated positions");
+  CHECK_EQ_INT(kvl_line_len(l2), 0);
+  CHECK_EQ_INT(kvl_pool_check(ps, err, sizeof(err)), 0);
+  CHECK_EQ_INT(kvl_pool_check(pd, err, sizeof(err)), 0);
+  /* the translated blocks are indexed apart from native ones */
+  kvl_line_commit(ld);
+  kvl_line_t *l3 = kvl_line_new(pd);
+  struct kvl_prefix_hit hit;
+  CHECK_EQ_INT(kvl_line_attach_prefix(l3, P, NP, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK_EQ_INT(hit.n_tokens, 0);
+  kvl_line_free(l3);
+  l3 = kvl_line_new(pd);
+  CHECK_EQ_INT(kvl_line_attach_prefix(l3, P, NP, KVL_REUSE_ANY, &hit), 0);
+  CHECK_EQ_INT(hit.n_translated, 32);
+  kvl_line_free(l3);
+  kvl_line_free(l2);
+  kvl_line_free(ls);
+  kvl_line_free(ld);
+  kvl_translator_free(t);
+  kvl_pool_free(ps);
+  kvl_pool_free(pd);
+}
+
 int main(void) {
   setenv("KVL_DECODE", "exact", 1);
   setup();
@@ -388,6 +465,7 @@ int main(void) {
   RUN(test_shifted);
   RUN(test_kernel_vs_ref);
   RUN(test_refusals);
+  RUN(test_pool_lines);
   for (int l = 0; l < 2; l++) { free(g_kpre[l]); free(g_v[l]); }
   free(g_refA);
   free(g_pool);

@@ -1,0 +1,194 @@
+/* translate.c — bench-translate: time of kvl_translator_apply on spans of the real pair's
+ * caches, both directions (DESIGN.md "Translation"; issue [translator]).
+ *
+ *   translate-<N>  translate N positions of a bf16 source cache into a bf16 target cache
+ *                  (every target layer, K and V); value = milliseconds (median of -r runs).
+ *
+ * Extra fields per result: tokens/s, GB/s over the bytes that must move (the span of the
+ * source KV read once + the target KV written) and that as % of the bandwidth roofline
+ * (--bw, default from bench/results/roofline.json), GFLOP/s of the map multiplies and
+ * % of the fp32 compute roofline: translation of a span is a GEMM, so it is
+ * compute-bound long before it is memory-bound. Maps: the committed translators when
+ * given (-t), else random maps of the right shapes (ν = 1, affine). Positions are
+ * 0..N-1 on both sides.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_common.h"
+#include "kvl_error.h"
+#include "kvl_model.h"
+#include "kvl_translator.h"
+
+static double roofline_value(const char *test) {
+  json_error_t je;
+  json_t *j = json_load_file("bench/results/roofline.json", 0, &je), *r;
+  size_t i;
+  double v = 0;
+  if (!j) return 0;
+  json_array_foreach(json_object_get(j, "results"), i, r) {
+    if (!strcmp(json_string_value(json_object_get(r, "test")), test) &&
+        json_integer_value(json_object_get(r, "threads")) != 1 && json_real_value(json_object_get(r, "value")) > v)
+      v = json_real_value(json_object_get(r, "value")); /* all cores, best ISA */
+  }
+  json_decref(j);
+  return v;
+}
+
+static char *model_path(const char *file) {
+  const char *dir = getenv("KVLINGO_MODELS");
+  char def[4096];
+  if (!dir || !*dir) {
+    snprintf(def, sizeof(def), "%s/.cache/kvlingo/models", getenv("HOME") ? getenv("HOME") : ".");
+    dir = def;
+  }
+  char *p = malloc(strlen(dir) + strlen(file) + 2);
+  sprintf(p, "%s/%s", dir, file);
+  return p;
+}
+
+static kvl_translator_t *random_translator(const struct kvl_model_fingerprint *s,
+                                           const struct kvl_model_fingerprint *d) {
+  char err[256];
+  kvl_translator_t *t;
+  if (kvl_translator_new(s, d, true, &t, err, sizeof(err)) < 0) return NULL;
+  int64_t rows = kvl_fingerprint_kv_width(s) + 1, cols = kvl_fingerprint_kv_width(d);
+  float *m = malloc((size_t)(rows * cols) * sizeof(float));
+  unsigned long long x = 7;
+  for (int64_t i = 0; i < rows * cols; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    m[i] = (float)((x >> 40) * (1.0 / 16777216.0) - 0.5) * 0.1f;
+  }
+  for (int l = 0; l < d->n_layer; l++) {
+    int32_t src = (int32_t)((int64_t)l * (s->n_layer - 1) / (d->n_layer > 1 ? d->n_layer - 1 : 1));
+    kvl_translator_set_map(t, l, KVL_TRANSLATOR_K, &src, 1, m);
+    kvl_translator_set_map(t, l, KVL_TRANSLATOR_V, &src, 1, m);
+  }
+  free(m);
+  return t;
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {{"runs", required_argument, 0, 'r'}, {"out", required_argument, 0, 'o'},
+                                       {"translator", required_argument, 0, 't'}, {"bw", required_argument, 0, 'b'},
+                                       {"max", required_argument, 0, 'm'}, {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+  int runs = 5, max_n = 16384, c, nt = 0;
+  const char *out = "bench/results", *tfiles[8];
+  double bw = 0;
+  while ((c = getopt_long(argc, argv, "r:o:t:b:m:h", opts, NULL)) != -1) {
+    switch (c) {
+    case 'r': runs = atoi(optarg); break;
+    case 'o': out = optarg; break;
+    case 't': if (nt < 8) tfiles[nt++] = optarg; break;
+    case 'b': bw = atof(optarg); break;
+    case 'm': max_n = atoi(optarg); break;
+    case 'h':
+      printf("usage: bench-translate [-r RUNS] [-t TRANSLATOR ...] [--bw GB/s] [--max N] [-o DIR]\n"
+             "Times translating spans of 64, 512, 4096, 16384 tokens in each direction of the\n"
+             "Qwen2.5-Coder pair; writes DIR/translate.json and .md.\n");
+      return 0;
+    default: return 2;
+    }
+  }
+  if (runs < 1) return 2;
+  if (bw <= 0) bw = roofline_value("roofline-bandwidth");
+  double flops_peak = roofline_value("roofline-flops");
+  char err[512];
+  const char *files[2] = {"qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"};
+  const char *names[2] = {"qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"};
+  kvl_model_t *m[2];
+  struct kvl_model_fingerprint fp[2];
+  for (int i = 0; i < 2; i++) {
+    char *p = model_path(files[i]);
+    if (kvl_model_open(p, &m[i], err, sizeof(err)) < 0 ||
+        kvl_fingerprint_from_gguf(kvl_model_gguf(m[i]), &fp[i], err, sizeof(err)) < 0) {
+      fprintf(stderr, "bench-translate: %s: %s (scripts/fetch-models)\n", p, err);
+      return 1;
+    }
+    free(p);
+  }
+  kvl_bench_report_t *rep = kvl_bench_report_new("translate", argc, argv);
+  static const int spans[] = {64, 512, 4096, 16384};
+  for (int dir = 0; dir < 2; dir++) {
+    int s = dir, d = 1 - dir;
+    kvl_translator_t *t = NULL;
+    const char *tname = "random nu=1 affine";
+    for (int i = 0; i < nt && !t; i++) {
+      kvl_translator_t *x;
+      if (kvl_translator_load(tfiles[i], &x, err, sizeof(err)) == 0) {
+        if (kvl_translator_check_models(x, &fp[s], &fp[d], err, sizeof(err)) == 0) {
+          t = x;
+          tname = strrchr(tfiles[i], '/') ? strrchr(tfiles[i], '/') + 1 : tfiles[i];
+        } else
+          kvl_translator_free(x);
+      }
+    }
+    if (!t) t = random_translator(&fp[s], &fp[d]);
+    struct kvl_kv_layout ls = kvl_model_kv_layout(m[s], KVL_KV_BF16), ld = kvl_model_kv_layout(m[d], KVL_KV_BF16);
+    int64_t flop_per_tok = 0;
+    for (int l = 0; l < fp[d].n_layer; l++)
+      for (int kv = 0; kv < 2; kv++) {
+        struct kvl_translator_map mp;
+        kvl_translator_get_map(t, l, kv, &mp);
+        flop_per_tok += 2 * mp.rows * mp.cols;
+      }
+    for (size_t si = 0; si < sizeof(spans) / sizeof(spans[0]); si++) {
+      int n = spans[si];
+      if (n > max_n) break;
+      int32_t nb = (n + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK;
+      void *ps = malloc((size_t)nb * kvl_kv_block_bytes(&ls)), *pd = calloc((size_t)nb, kvl_kv_block_bytes(&ld));
+      int32_t *table = malloc((size_t)nb * sizeof(int32_t)), *pos = malloc((size_t)n * sizeof(int32_t));
+      /* a plausible source cache: small bf16 values (0x3c00..0x3cff ≈ 0.008..0.016) */
+      uint16_t *h = ps;
+      for (size_t i = 0; i < (size_t)nb * kvl_kv_block_bytes(&ls) / 2; i++) h[i] = (uint16_t)(0x3c00 | (i * 37 & 0xff));
+      for (int32_t b = 0; b < nb; b++) table[b] = b;
+      for (int i = 0; i < n; i++) pos[i] = i;
+      struct kvl_translate_span sp = {.src_layout = &ls, .src_base = ps, .src_table = table,
+                                      .src_rope = kvl_model_rope(m[s]), .src_pos = pos, .dst_layout = &ld,
+                                      .dst_base = pd, .dst_table = table, .dst_rope = kvl_model_rope(m[d]),
+                                      .dst_pos = pos, .n = n};
+      if (kvl_translator_apply(t, &sp, err, sizeof(err)) < 0) { /* warm-up, also a check */
+        fprintf(stderr, "bench-translate: %s\n", err);
+        return 1;
+      }
+      double *x = malloc((size_t)runs * sizeof(double));
+      for (int r = 0; r < runs; r++) {
+        double t0 = kvl_bench_now();
+        kvl_translator_apply(t, &sp, err, sizeof(err));
+        x[r] = kvl_bench_now() - t0;
+      }
+      struct kvl_bench_stats st;
+      kvl_bench_stats_compute(x, runs, &st);
+      double bytes = (double)n * ((double)fp[s].n_layer * 2 * kvl_fingerprint_kv_width(&fp[s]) * 2 +
+                                  (double)fp[d].n_layer * 2 * kvl_fingerprint_kv_width(&fp[d]) * 2);
+      char test[64], model[128];
+      snprintf(test, sizeof(test), "translate-%d", n);
+      snprintf(model, sizeof(model), "%s->%s", names[s], names[d]);
+      json_t *res = kvl_bench_report_add(rep, model, test, st.median * 1e3, "ms", runs, st.sd * 1e3);
+      json_object_set_new(res, "tokens_per_s", json_real(n / st.median));
+      json_object_set_new(res, "gbps", json_real(bytes / st.median / 1e9));
+      if (bw > 0) json_object_set_new(res, "bw_roofline_pct", json_real(100 * bytes / st.median / 1e9 / bw));
+      json_object_set_new(res, "gflops", json_real((double)flop_per_tok * n / st.median / 1e9));
+      if (flops_peak > 0)
+        json_object_set_new(res, "compute_roofline_pct",
+                            json_real(100 * (double)flop_per_tok * n / st.median / 1e9 / flops_peak));
+      json_object_set_new(res, "translator", json_string(tname));
+      json_object_set_new(res, "kv", json_string("bf16"));
+      fprintf(stderr, "%s %s: %.2f ms (%.0f tokens/s, %.1f GB/s, %.0f GFLOP/s)\n", model, test, st.median * 1e3,
+              n / st.median, bytes / st.median / 1e9, (double)flop_per_tok * n / st.median / 1e9);
+      free(x);
+      free(ps);
+      free(pd);
+      free(table);
+      free(pos);
+    }
+    kvl_translator_free(t);
+  }
+  int rc = kvl_bench_report_write(rep, out);
+  kvl_bench_report_free(rep);
+  for (int i = 0; i < 2; i++) kvl_model_free(m[i]);
+  return rc < 0 ? 1 : 0;
+}
