@@ -1,5 +1,7 @@
 /* model.c — loading a model from GGUF: hyper-parameters from the metadata, every tensor
  * checked for presence, shape and type before anything runs. Architectures: qwen2. */
+#include <dirent.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,3 +178,34 @@ const struct kvl_rope *kvl_model_rope(const kvl_model_t *m) { return &m->rope; }
 struct kvl_kv_layout kvl_model_kv_layout(const kvl_model_t *m, enum kvl_kv_dtype dtype) {
   return (struct kvl_kv_layout){m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim, dtype};
 }
+
+/* MODEL as given if it is a file, else the first *.gguf in the models directory whose
+ * name starts with MODEL. Returns a malloc'd path or NULL. */
+char *kvl_model_resolve(const char *m) {
+  if (access(m, R_OK) == 0) return strdup(m);
+  const char *dir = getenv("KVLINGO_MODELS");
+  char def[4096];
+  if (!dir || !*dir) {
+    snprintf(def, sizeof(def), "%s/.cache/kvlingo/models", getenv("HOME") ? getenv("HOME") : ".");
+    dir = def;
+  }
+  DIR *d = opendir(dir);
+  if (!d) return NULL;
+  struct dirent *e;
+  char *found = NULL;
+  size_t ml = strlen(m);
+  while ((e = readdir(d))) {
+    size_t l = strlen(e->d_name);
+    if (l > 5 && !strcmp(e->d_name + l - 5, ".gguf") && !strncmp(e->d_name, m, ml) &&
+        (!found || strcmp(e->d_name, strrchr(found, '/') + 1) < 0)) {
+      free(found);
+      size_t n = strlen(dir) + l + 2;
+      found = malloc(n);
+      snprintf(found, n, "%s/%s", dir, e->d_name);
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+

@@ -85,6 +85,8 @@ struct kvl_engine {
   pthread_mutex_t out_mu;
   struct node *out_head, **out_tail;
   bool out_exited;           /* the compute thread pushed its last event and is leaving */
+  struct kvl_sched_model_stats stats[16]; /* snapshot after each step (out_mu) */
+  int n_stats;
 
   /* loop thread only */
   uint64_t next_id;          /* engine ids: 1, 2, ... */
@@ -289,6 +291,17 @@ static void fail_all(kvl_engine_t *e, int rc) {
   e->c_fail = 0;
 }
 
+/* Per-model stats for the loop thread's metrics (compute thread). */
+static void publish_stats(kvl_engine_t *e) {
+  struct kvl_sched_model_stats st[16];
+  int n = 0;
+  while (n < 16 && kvl_sched_model_stats(e->sched, n, &st[n]) == 0) n++;
+  pthread_mutex_lock(&e->out_mu);
+  memcpy(e->stats, st, sizeof(st[0]) * (size_t)n);
+  e->n_stats = n;
+  pthread_mutex_unlock(&e->out_mu);
+}
+
 static void *compute_main(void *arg) {
   kvl_engine_t *e = arg;
   bool stop = false;
@@ -302,11 +315,14 @@ static void *compute_main(void *arg) {
     stop = e->in_stop;
     pthread_mutex_unlock(&e->in_mu);
 
+    bool had_cmds = cmds != NULL;
     run_commands(e, cmds);
+    if (had_cmds) publish_stats(e);
     flush_events(e); /* refusals and cancels need not wait for the step */
     if (!stop && !kvl_sched_idle(e->sched)) {
       int rc = kvl_sched_step(e->sched);
       if (rc < 0) fail_all(e, rc);
+      publish_stats(e);
       flush_events(e);
     }
   }
@@ -315,6 +331,9 @@ static void *compute_main(void *arg) {
    * the commands queued before it came in the same splice as the flag: `in` is empty. */
   kvl_sched_free(e->sched);
   e->sched = NULL;
+  pthread_mutex_lock(&e->out_mu);
+  e->n_stats = 0;
+  pthread_mutex_unlock(&e->out_mu);
   KVL_ASSERT(e->map_n == 0);
   free(e->map);
   e->map = NULL;
@@ -491,4 +510,12 @@ void kvl_engine_stop(kvl_engine_t *e, kvl_engine_close_cb close_cb) {
   e->in_stop = true;
   pthread_cond_signal(&e->in_cv);
   pthread_mutex_unlock(&e->in_mu);
+}
+
+int kvl_engine_model_stats(kvl_engine_t *e, int model_id, struct kvl_sched_model_stats *out) {
+  pthread_mutex_lock(&e->out_mu);
+  int rc = model_id >= 0 && model_id < e->n_stats ? 0 : KVL_ERANGE;
+  if (rc == 0) *out = e->stats[model_id];
+  pthread_mutex_unlock(&e->out_mu);
+  return rc;
 }

@@ -352,3 +352,17 @@ int kvl_sched_step(kvl_sched_t *s) {
   }
   return live;
 }
+
+int kvl_sched_model_stats(const kvl_sched_t *s, int model_id, struct kvl_sched_model_stats *out) {
+  memset(out, 0, sizeof(*out));
+  if (model_id < 0 || model_id >= s->n_models) return KVL_ERANGE;
+  const struct model *m = &s->models[model_id];
+  for (const struct req *r = m->reqs; r; r = r->next) {
+    if (r->line) out->running++;
+    else out->waiting++;
+  }
+  struct kvl_pool_stats ps;
+  kvl_pool_stats(m->pool, &ps);
+  out->kv_usage = ps.hot_blocks > 0 ? (double)ps.hot_used / ps.hot_blocks : 0;
+  return 0;
+}

@@ -9,9 +9,6 @@ int kvl_cli_run(int argc, char **argv);
 int kvl_cli_fit(int argc, char **argv);
 int kvl_cli_eval(int argc, char **argv);
 
-/* MODEL as given if it is a file, else the first *.gguf in $KVLINGO_MODELS
- * (~/.cache/kvlingo/models) whose name starts with MODEL. malloc'd path or NULL. */
-char *kvl_cli_resolve_model(const char *m);
 /* Monotonic seconds. */
 double kvl_cli_now(void);
 /* A progress bar with ETA on stderr (redrawn on a terminal, every 5% otherwise). */

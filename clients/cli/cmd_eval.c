@@ -92,7 +92,7 @@ static double nll_of(const float *lp, const int32_t *y, int from, int to, int V)
 }
 
 static int open_model(struct model_side *s, const char *arg, char *err, size_t errlen) {
-  s->path = kvl_cli_resolve_model(arg);
+  s->path = kvl_model_resolve(arg);
   if (!s->path) return kvl_errf(err, errlen, KVL_ENOENT, "model '%s' not found (scripts/fetch-models)", arg);
   int rc = kvl_model_open(s->path, &s->m, err, errlen);
   if (rc == 0) rc = kvl_tokenizer_from_gguf(kvl_model_gguf(s->m), &s->tk, err, errlen);

@@ -58,7 +58,7 @@ struct side {
 };
 
 static int open_side(struct side *s, char *err, size_t errlen) {
-  s->path = kvl_cli_resolve_model(s->arg);
+  s->path = kvl_model_resolve(s->arg);
   if (!s->path) return kvl_errf(err, errlen, KVL_ENOENT, "model '%s' not found (scripts/fetch-models)", s->arg);
   int rc = kvl_model_open(s->path, &s->m, err, errlen);
   if (rc < 0) return rc;

@@ -106,7 +106,7 @@ int kvl_cli_run(int argc, char **argv) {
   if (max_tokens < 0 || chunk < 1) { fprintf(stderr, "kvlingo run: -n and --chunk must be positive\n"); return 2; }
   char *stdin_prompt = NULL;
   if (!strcmp(prompt, "-")) prompt = stdin_prompt = read_stdin();
-  char *path = kvl_cli_resolve_model(model);
+  char *path = kvl_model_resolve(model);
   if (!path) {
     fprintf(stderr, "kvlingo run: no model '%s' (not a file, and no match in $KVLINGO_MODELS); run scripts/fetch-models\n", model);
     return 1;

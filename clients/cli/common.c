@@ -1,5 +1,4 @@
 /* common.c — helpers shared by the subcommands. */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,36 +6,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-
-/* MODEL as given if it is a file, else the first *.gguf in the models directory whose
- * name starts with MODEL. Returns a malloc'd path or NULL. */
-char *kvl_cli_resolve_model(const char *m) {
-  if (access(m, R_OK) == 0) return strdup(m);
-  const char *dir = getenv("KVLINGO_MODELS");
-  char def[4096];
-  if (!dir || !*dir) {
-    snprintf(def, sizeof(def), "%s/.cache/kvlingo/models", getenv("HOME") ? getenv("HOME") : ".");
-    dir = def;
-  }
-  DIR *d = opendir(dir);
-  if (!d) return NULL;
-  struct dirent *e;
-  char *found = NULL;
-  size_t ml = strlen(m);
-  while ((e = readdir(d))) {
-    size_t l = strlen(e->d_name);
-    if (l > 5 && !strcmp(e->d_name + l - 5, ".gguf") && !strncmp(e->d_name, m, ml) &&
-        (!found || strcmp(e->d_name, strrchr(found, '/') + 1) < 0)) {
-      free(found);
-      size_t n = strlen(dir) + l + 2;
-      found = malloc(n);
-      snprintf(found, n, "%s/%s", dir, e->d_name);
-    }
-  }
-  closedir(d);
-  return found;
-}
-
 
 double kvl_cli_now(void) {
   struct timespec ts;

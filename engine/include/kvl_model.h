@@ -55,6 +55,10 @@ int kvl_model_open(const char *path, kvl_model_t **out, char *err, size_t errlen
 /* The same from an opened GGUF; on success the model owns g (freed with the model). */
 int kvl_model_from_gguf(kvl_gguf_t *g, const char *name, kvl_model_t **out, char *err, size_t errlen);
 void kvl_model_free(kvl_model_t *m);
+/* MODEL as given when it is a readable file, else the first (by name) *.gguf in
+ * $KVLINGO_MODELS (default ~/.cache/kvlingo/models) whose file name starts with MODEL
+ * ("qwen2.5-coder-0.5b"). A malloc'd path, or NULL when nothing matches. */
+char *kvl_model_resolve(const char *m);
 
 const struct kvl_model_hparams *kvl_model_hparams(const kvl_model_t *m);
 const kvl_gguf_t *kvl_model_gguf(const kvl_model_t *m);

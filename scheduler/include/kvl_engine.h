@@ -94,5 +94,9 @@ int kvl_engine_cancel(kvl_engine_t *e, uint64_t id);
  * has pushed its last event and is returning. Callbacks of the requests still running may
  * fire before close_cb; they may call submit (refused) and cancel (a no-op). Once only. */
 void kvl_engine_stop(kvl_engine_t *e, kvl_engine_close_cb close_cb);
+/* The scheduler's per-model stats as of the end of the last step (the compute thread
+ * publishes a snapshot after every step and when it goes idle). KVL_ERANGE for an
+ * unknown model. */
+int kvl_engine_model_stats(kvl_engine_t *e, int model_id, struct kvl_sched_model_stats *out);
 
 #endif /* KVL_ENGINE_H */

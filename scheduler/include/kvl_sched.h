@@ -114,4 +114,12 @@ int kvl_sched_cancel(kvl_sched_t *s, uint64_t id);
 int kvl_sched_step(kvl_sched_t *s);
 bool kvl_sched_idle(const kvl_sched_t *s);
 
+/* What a model's queue and pool hold now (for metrics). */
+struct kvl_sched_model_stats {
+  int32_t running;        /* requests holding a line */
+  int32_t waiting;        /* requests queued without one */
+  double kv_usage;        /* referenced hot blocks / hot capacity, 0..1 */
+};
+int kvl_sched_model_stats(const kvl_sched_t *s, int model_id, struct kvl_sched_model_stats *out);
+
 #endif /* KVL_SCHED_H */

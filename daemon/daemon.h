@@ -1,0 +1,252 @@
+/* daemon.h — kvlingod's parts (private to daemon/): configuration, the resident models,
+ * requests in flight and their sinks, metrics, logging, the gRPC and HTTP front ends.
+ *
+ * Threads: everything here runs on the libuv loop thread, except the gRPC completion
+ * queue poller (grpc.c), which only pushes {tag, ok} pairs to the loop, and the engine's
+ * compute thread (scheduler/engine.c), which only talks through kvl_engine callbacks.
+ */
+#ifndef KVLD_DAEMON_H
+#define KVLD_DAEMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "kvl_engine.h"
+#include "kvl_model.h"
+#include "kvl_template.h"
+#include "kvl_tokenizer.h"
+#include "kvl_translator.h"
+
+struct kvld;
+
+#define KVLD_VERSION "0.2.0"
+#define KVLD_MAX_MODELS 8
+#define KVLD_MAX_TRANSLATORS 16
+
+/* ---- configuration (config.c) -------------------------------------------------------- */
+
+struct kvld_model_cfg {
+  char name[64];
+  char path[1024];     /* .gguf path, or a name looked up in the models directory */
+  char kv_dtype[8];    /* "bf16" | "f32" */
+  int64_t hot_bytes;   /* KV pool budgets */
+  int64_t cold_bytes;
+  int32_t max_model_len;
+};
+
+struct kvld_config {
+  char listen[128];          /* host the ports bind on; default 127.0.0.1 */
+  int grpc_port;             /* 0 = any free port (printed and logged) */
+  int http_port;             /* -1 = no HTTP */
+  char auth_token[256];      /* bearer token for every call ("" = none) */
+  char admin_token[256];     /* needed by the Admin service ("" = admin disabled) */
+  char tls_cert[1024], tls_key[1024];
+  int max_prompt_tokens;
+  int max_new_tokens;        /* cap on max_tokens */
+  int default_max_tokens;
+  int max_concurrent;        /* requests in flight; more get RESOURCE_EXHAUSTED */
+  double default_deadline_s; /* applied when the client sets none (0 = none) */
+  double drain_s;            /* SIGTERM: streams may finish for this long */
+  int step_tokens;
+  char log_level[16];        /* debug | info | warn | error */
+  char default_model[64];    /* what "auto" / "" means until the router lands */
+  struct kvld_model_cfg models[KVLD_MAX_MODELS];
+  int n_models;
+  char translators[KVLD_MAX_TRANSLATORS][1024];
+  int n_translators;
+};
+
+/* Defaults: the Qwen2.5-Coder pair from the models directory with the committed
+ * translators, CPU, gRPC 50051, HTTP 8000, localhost. */
+void kvld_config_defaults(struct kvld_config *c, const char *source_root);
+/* Read a YAML file over the defaults. An unknown key, a wrong type or a value out of
+ * range is refused with the key's path ("models[1].kv_dtype: expected bf16 or f32"). */
+int kvld_config_load(struct kvld_config *c, const char *path, char *err, size_t errlen);
+/* KVLINGO_GRPC_PORT, KVLINGO_HTTP_PORT, KVLINGO_AUTH_TOKEN, KVLINGO_ADMIN_TOKEN,
+ * KVLINGO_LOG_LEVEL, KVLINGO_LISTEN override the file; flags override both. */
+int kvld_config_env(struct kvld_config *c, char *err, size_t errlen);
+int kvld_config_check(const struct kvld_config *c, char *err, size_t errlen);
+
+/* ---- logging (log.c): JSON lines on stderr --------------------------------------------- */
+
+enum kvld_level { KVLD_DEBUG, KVLD_INFO, KVLD_WARN, KVLD_ERROR };
+void kvld_log_set_level(const char *level);
+/* kvld_log(KVLD_INFO, "request_done", "\"request_id\":\"%s\",\"tokens\":%d", id, n):
+ * the last argument is a printf format of extra JSON members (may be NULL). */
+void kvld_log(enum kvld_level lv, const char *event, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* JSON-escape s into buf (quotes not added). */
+void kvld_json_escape(const char *s, char *buf, size_t len);
+
+/* ---- metrics (metrics.c): vLLM's names + kvlingo's own, Prometheus text ---------------- */
+
+#define KVLD_HIST_MAX_BUCKETS 24
+struct kvld_hist {
+  int n;
+  const double *bounds;        /* upper bounds, ascending; +Inf implied */
+  uint64_t counts[KVLD_HIST_MAX_BUCKETS + 1];
+  double sum;
+  uint64_t count;
+};
+
+struct kvld_model_metrics {
+  uint64_t prompt_tokens, generation_tokens;
+  uint64_t prefix_queries, prefix_hits;  /* in tokens, as vLLM counts them */
+  uint64_t success[4];                   /* finished_reason: stop, length, abort, error */
+  int running, waiting;
+  struct kvld_hist ttft, itl, e2e, queue;
+  uint64_t translated_tokens;
+};
+
+/* Render every series (HELP/TYPE lines, labels) into a malloc'd string. */
+char *kvld_metrics_render(const struct kvld *d);
+void kvld_hist_init(struct kvld_hist *h, const double *bounds, int n);
+void kvld_hist_observe(struct kvld_hist *h, double v);
+extern const double kvld_ttft_buckets[], kvld_itl_buckets[], kvld_e2e_buckets[];
+extern const int kvld_n_ttft_buckets, kvld_n_itl_buckets, kvld_n_e2e_buckets;
+
+/* ---- the daemon ------------------------------------------------------------------------- */
+
+struct kvld_model {
+  char name[64], path[1024];
+  kvl_model_t *m;
+  kvl_tokenizer_t *tk;
+  kvl_template_t *tmpl;       /* NULL when the model has no chat template */
+  int sched_id;               /* the scheduler's model index */
+  int32_t max_model_len;
+  char kv_dtype[8];
+  struct kvld_model_metrics mx;
+};
+
+struct kvld_translator {
+  char path[1024];
+  kvl_translator_t *t;
+  int src, dst;               /* model indices */
+};
+
+struct kvld_grpc;
+struct kvld_http;
+
+struct kvld {
+  uv_loop_t *loop;
+  struct kvld_config cfg;
+  struct kvld_model models[KVLD_MAX_MODELS];
+  int n_models;
+  struct kvld_translator translators[KVLD_MAX_TRANSLATORS];
+  int n_translators;
+  kvl_engine_t *engine;
+  struct kvld_grpc *grpc;
+  struct kvld_http *http;
+  int grpc_port, http_port;   /* bound */
+  bool serving;               /* models loaded and not draining: health SERVING */
+  bool draining;
+  int in_flight;
+  uint64_t next_request;
+  double t_start;
+  uv_signal_t sig_term, sig_int;
+  uv_timer_t drain_timer;
+};
+
+double kvld_now(void);
+/* Model index by name; "auto" and "" give the default model. -1 when unknown. */
+int kvld_model_find(const struct kvld *d, const char *name);
+
+/* ---- requests (service.c), shared by the gRPC and HTTP front ends -------------------- */
+
+enum kvld_status { /* gRPC codes; the HTTP side maps them */
+  KVLD_OK = 0,
+  KVLD_CANCELLED = 1,
+  KVLD_UNKNOWN = 2,
+  KVLD_INVALID_ARGUMENT = 3,
+  KVLD_DEADLINE_EXCEEDED = 4,
+  KVLD_NOT_FOUND = 5,
+  KVLD_PERMISSION_DENIED = 7,
+  KVLD_RESOURCE_EXHAUSTED = 8,
+  KVLD_FAILED_PRECONDITION = 9,
+  KVLD_UNIMPLEMENTED = 12,
+  KVLD_INTERNAL = 13,
+  KVLD_UNAVAILABLE = 14,
+  KVLD_UNAUTHENTICATED = 16,
+};
+
+enum kvld_finish { KVLD_FIN_NONE = 0, KVLD_FIN_STOP, KVLD_FIN_LENGTH, KVLD_FIN_CANCELLED, KVLD_FIN_ERROR };
+
+/* What a request is, front-end independent. */
+struct kvld_gen_params {
+  int model;                       /* index into d->models */
+  int32_t *prompt;                 /* owned */
+  int32_t n_prompt;
+  int32_t max_tokens;
+  struct kvl_sampler_params sampling;
+  struct kvl_logit_bias *bias;     /* owned */
+  char **stops;                    /* NULL-terminated, owned */
+  int32_t *stop_ids;               /* owned: the model's end tokens + the request's */
+  int32_t n_stop_ids;
+  bool ignore_eos;
+  bool logprobs;
+  char request_id[128];
+};
+
+void kvld_gen_params_free(struct kvld_gen_params *p);
+
+struct kvld_req;
+/* A front end's side of a request: called when new output is pending or the request is
+ * done (kvld_req_done). The sink takes what it can send (kvld_req_take) and, once done
+ * and everything is taken, finishes its call and calls kvld_req_release. */
+typedef void (*kvld_sink_fn)(struct kvld_req *r, void *ud);
+
+struct kvld_req {
+  struct kvld *d;
+  uint64_t id, engine_id;
+  struct kvld_gen_params p;
+  kvl_detok_t *detok;
+  kvld_sink_fn sink;
+  void *sink_ud;
+  /* pending output, not yet taken by the sink */
+  char *text;
+  size_t text_len, text_cap;
+  int32_t *ids;
+  float *lps;
+  int n_ids, cap_ids;
+  /* state */
+  bool submitted, engine_final, done, released, stop_hit;
+  enum kvld_finish finish;
+  enum kvld_status status;
+  char message[512];
+  struct kvl_usage usage;
+  double t_arrival, t_first, t_last, queue_s;
+  int generated;
+};
+
+/* Validate and resolve: fills p from already-decoded fields. Returns KVLD_OK or a status
+ * with a message naming the problem. `text`, `ids`, `chat` (jansson array of {role,
+ * content}): exactly one non-NULL. */
+enum kvld_status kvld_prepare(struct kvld *d, const char *model, const char *text, size_t text_len,
+                              const int32_t *ids, size_t n_ids, const void *chat_json, bool continue_final,
+                              struct kvld_gen_params *p, char *msg, size_t msglen);
+/* Sampling fields into p->sampling, validated (the sampler's own checks). */
+enum kvld_status kvld_check_sampling(struct kvld *d, struct kvld_gen_params *p, char *msg, size_t msglen);
+/* Start: takes ownership of p. On failure (status != OK) nothing is left to free and no
+ * sink call happens. */
+enum kvld_status kvld_req_start(struct kvld *d, struct kvld_gen_params *p, kvld_sink_fn sink, void *ud,
+                                struct kvld_req **out, char *msg, size_t msglen);
+/* The client went away or its deadline passed: end the request now (its blocks are freed
+ * within one engine step); the sink is still called once more with done set. */
+void kvld_req_cancel(struct kvld_req *r);
+/* Move pending output to the caller (malloc'd copies, or NULL/0 when nothing). */
+void kvld_req_take(struct kvld_req *r, char **text, size_t *len, int32_t **ids, float **lps, int *n);
+/* The sink is finished with the request: free it (after done). */
+void kvld_req_release(struct kvld_req *r);
+const char *kvld_finish_name(enum kvld_finish f); /* "stop", "length", "abort", "error" */
+
+/* ---- front ends ------------------------------------------------------------------------ */
+
+int kvld_grpc_start(struct kvld *d, char *err, size_t errlen);
+/* Stop accepting calls; in-flight calls continue (drain). */
+void kvld_grpc_shutdown(struct kvld *d, void (*done)(struct kvld *d));
+int kvld_http_start(struct kvld *d, char *err, size_t errlen);
+void kvld_http_stop(struct kvld *d);
+
+#endif /* KVLD_DAEMON_H */

@@ -1,0 +1,912 @@
+/* grpc.c — the gRPC front end on gRPC C core (../shared/GRPC-NOTES.md): one completion
+ * queue polled by a dedicated thread that hands {tag, ok} to the libuv loop; every call
+ * is then driven on the loop thread. One SEND_MESSAGE in flight per stream (tokens that
+ * arrive meanwhile are coalesced into the next message); RECV_CLOSE_ON_SERVER tells a
+ * cancelled call or a passed deadline, which cancels the request at once. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+#include <jansson.h>
+
+#include "daemon.h"
+#include "health.pb-c.h"
+#include "kvl_error.h"
+#include "kvlingo.pb-c.h"
+
+enum method {
+  M_GENERATE, M_COMPLETE, M_TOKENIZE, M_DETOKENIZE, M_LIST_MODELS, M_SERVER_INFO,
+  M_LOAD_MODEL, M_UNLOAD_MODEL, M_LOAD_TRANSLATOR, M_UNLOAD_TRANSLATOR, M_HEALTH_CHECK, M_HEALTH_WATCH,
+  M_COUNT, M_GENERIC = M_COUNT
+};
+
+static const char *const method_path[M_COUNT] = {
+  "/kvlingo.v1.Inference/Generate", "/kvlingo.v1.Inference/Complete", "/kvlingo.v1.Inference/Tokenize",
+  "/kvlingo.v1.Inference/Detokenize", "/kvlingo.v1.Inference/ListModels", "/kvlingo.v1.Inference/ServerInfo",
+  "/kvlingo.v1.Admin/LoadModel", "/kvlingo.v1.Admin/UnloadModel", "/kvlingo.v1.Admin/LoadTranslator",
+  "/kvlingo.v1.Admin/UnloadTranslator", "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
+};
+
+struct call;
+struct tag {
+  void (*fn)(struct call *c, int ok);
+  struct call *c;
+};
+
+struct kvld_grpc {
+  struct kvld *d;
+  grpc_server *server;
+  grpc_completion_queue *cq;
+  void *handle[M_COUNT];
+  uv_thread_t thread;
+  uv_async_t async;
+  uv_mutex_t mu;
+  struct { void *tag; int ok; } *q;
+  int qn, qcap;
+  bool shutdown;            /* no new calls requested */
+  struct tag t_shutdown;
+  void (*shutdown_cb)(struct kvld *d);
+  int live_calls;
+};
+
+struct call {
+  struct kvld_grpc *g;
+  enum method m;
+  grpc_call *call;
+  gpr_timespec deadline;
+  grpc_metadata_array md;
+  grpc_byte_buffer *payload;
+  grpc_call_details details;
+  struct tag t_new, t_close, t_send, t_status;
+  int cancelled;             /* RECV_CLOSE_ON_SERVER result */
+  int pending;               /* batches in flight */
+  bool started, md_sent, send_busy, final_sent, status_sent, closed;
+  grpc_byte_buffer *out;
+  struct kvld_req *req;
+  uv_timer_t deadline_timer;
+  bool timer_on;
+  /* Complete: the whole text */
+  char *acc_text;
+  size_t acc_len;
+  int32_t *acc_ids;
+  float *acc_lps;
+  int acc_n;
+  grpc_slice status_details;
+};
+
+static void request_call(struct kvld_grpc *g, enum method m);
+static void call_maybe_free(struct call *c);
+
+/* ---- the completion-queue thread ----------------------------------------------------- */
+
+static void cq_thread(void *arg) {
+  struct kvld_grpc *g = arg;
+  for (;;) {
+    grpc_event ev = grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+    if (ev.type != GRPC_OP_COMPLETE) continue;
+    uv_mutex_lock(&g->mu);
+    if (g->qn == g->qcap) {
+      int cap = g->qcap ? 2 * g->qcap : 64;
+      void *nq = realloc(g->q, (size_t)cap * sizeof(*g->q));
+      if (nq) {
+        g->q = nq;
+        g->qcap = cap;
+      }
+    }
+    if (g->qn < g->qcap) {
+      g->q[g->qn].tag = ev.tag;
+      g->q[g->qn].ok = ev.success;
+      g->qn++;
+    }
+    uv_mutex_unlock(&g->mu);
+    uv_async_send(&g->async);
+  }
+}
+
+static void on_async(uv_async_t *a) {
+  struct kvld_grpc *g = a->data;
+  for (;;) {
+    uv_mutex_lock(&g->mu);
+    int n = g->qn;
+    void *batch = NULL;
+    if (n) {
+      batch = malloc((size_t)n * sizeof(*g->q));
+      if (batch) memcpy(batch, g->q, (size_t)n * sizeof(*g->q));
+      g->qn = 0;
+    }
+    uv_mutex_unlock(&g->mu);
+    if (!n || !batch) return;
+    struct { void *tag; int ok; } *ev = batch;
+    for (int i = 0; i < n; i++) {
+      struct tag *t = ev[i].tag;
+      t->fn(t->c, ev[i].ok);
+    }
+    free(batch);
+  }
+}
+
+/* ---- sending ------------------------------------------------------------------------- */
+
+static grpc_byte_buffer *pack(const ProtobufCMessage *msg) {
+  size_t n = protobuf_c_message_get_packed_size(msg);
+  grpc_slice s = grpc_slice_malloc(n);
+  protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+  grpc_byte_buffer *b = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  return b;
+}
+
+static void start_batch(struct call *c, grpc_op *ops, size_t n, struct tag *t) {
+  c->pending++;
+  grpc_call_error e = grpc_call_start_batch(c->call, ops, n, t, NULL);
+  if (e != GRPC_CALL_OK) {
+    c->pending--;
+    kvld_log(KVLD_ERROR, "grpc_batch_failed", "\"error\":%d,\"method\":\"%s\"", (int)e,
+             c->m < M_COUNT ? method_path[c->m] : "generic");
+  }
+}
+
+static void on_status_sent(struct call *c, int ok) {
+  (void)ok;
+  c->pending--;
+  call_maybe_free(c);
+}
+
+/* Finish the call: optional last message, then the status. */
+static void send_status(struct call *c, enum kvld_status st, const char *msg, const ProtobufCMessage *reply) {
+  if (c->status_sent) return;
+  c->status_sent = true;
+  grpc_op ops[3];
+  memset(ops, 0, sizeof(ops));
+  size_t n = 0;
+  if (!c->md_sent) {
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    n++;
+    c->md_sent = true;
+  }
+  if (reply) {
+    c->out = pack(reply);
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = c->out;
+    n++;
+  }
+  ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[n].data.send_status_from_server.status = (grpc_status_code)st;
+  c->status_details = grpc_slice_from_copied_string(msg ? msg : "");
+  ops[n].data.send_status_from_server.status_details = &c->status_details;
+  n++;
+  start_batch(c, ops, n, &c->t_status);
+  if (st != KVLD_OK)
+    kvld_log(KVLD_INFO, "grpc_error", "\"method\":\"%s\",\"code\":%d,\"message\":\"%s\"",
+             c->m < M_COUNT ? method_path[c->m] : "unknown", (int)st, msg ? msg : "");
+}
+
+/* ---- Generate: the stream pump ------------------------------------------------------- */
+
+static Kvlingo__V1__FinishReason finish_pb(enum kvld_finish f) {
+  switch (f) {
+  case KVLD_FIN_STOP: return KVLINGO__V1__FINISH_REASON__FINISH_REASON_STOP;
+  case KVLD_FIN_LENGTH: return KVLINGO__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+  case KVLD_FIN_CANCELLED: return KVLINGO__V1__FINISH_REASON__FINISH_REASON_CANCELLED;
+  case KVLD_FIN_ERROR: return KVLINGO__V1__FINISH_REASON__FINISH_REASON_ERROR;
+  default: return KVLINGO__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
+  }
+}
+
+static void fill_usage(const struct kvld_req *r, Kvlingo__V1__Usage *u, Kvlingo__V1__Timings *t) {
+  u->prompt_tokens = (uint32_t)r->usage.prompt_tokens;
+  u->cached_native_tokens = (uint32_t)r->usage.cached_native;
+  u->cached_translated_tokens = (uint32_t)r->usage.cached_translated;
+  u->translated_tokens = 0;
+  u->prefilled_tokens = (uint32_t)r->usage.prefilled;
+  u->generated_tokens = (uint32_t)r->generated;
+  t->queue_seconds = r->queue_s;
+  t->time_to_first_token_seconds = r->t_first > 0 ? r->t_first - r->t_arrival : 0;
+  t->total_seconds = kvld_now() - r->t_arrival;
+}
+
+static void pump(struct call *c);
+
+static void on_sent(struct call *c, int ok) {
+  c->pending--;
+  c->send_busy = false;
+  if (c->out) grpc_byte_buffer_destroy(c->out);
+  c->out = NULL;
+  if (!ok && c->req && !c->req->done) kvld_req_cancel(c->req); /* the stream broke */
+  pump(c);
+  call_maybe_free(c);
+}
+
+static void pump(struct call *c) {
+  struct kvld_req *r = c->req;
+  if (!r || c->send_busy || c->status_sent) return;
+  if (c->cancelled) { /* nobody listens: wait for the request to end, then drop it */
+    if (r->done) {
+      kvld_req_release(r);
+      c->req = NULL;
+      call_maybe_free(c);
+    }
+    return;
+  }
+  if (c->final_sent) { /* the last message went out: the status follows */
+    send_status(c, r->status, r->status ? r->message : NULL, NULL);
+    kvld_req_release(r);
+    c->req = NULL;
+    return;
+  }
+  if (r->done && r->status != KVLD_OK && !c->md_sent) { /* refused before any output */
+    send_status(c, r->status, r->message, NULL);
+    kvld_req_release(r);
+    c->req = NULL;
+    return;
+  }
+  char *text;
+  size_t len;
+  int32_t *ids;
+  float *lps;
+  int n;
+  kvld_req_take(r, &text, &len, &ids, &lps, &n);
+  if (!len && !n && !r->done) return;
+  Kvlingo__V1__GenerateResponse m = KVLINGO__V1__GENERATE_RESPONSE__INIT;
+  Kvlingo__V1__Usage u = KVLINGO__V1__USAGE__INIT;
+  Kvlingo__V1__Timings t = KVLINGO__V1__TIMINGS__INIT;
+  m.model = r->d->models[r->p.model].name;
+  m.text = text ? text : "";
+  m.n_token_ids = (size_t)n;
+  m.token_ids = ids;
+  if (r->p.logprobs) {
+    m.n_logprobs = (size_t)n;
+    m.logprobs = lps;
+  }
+  m.request_id = r->p.request_id;
+  if (r->done) {
+    m.finish_reason = finish_pb(r->finish);
+    fill_usage(r, &u, &t);
+    m.usage = &u;
+    m.timings = &t;
+    m.translation = KVLINGO__V1__TRANSLATION_OUTCOME__TRANSLATION_OUTCOME_NOT_NEEDED;
+    c->final_sent = true;
+  }
+  grpc_op ops[2];
+  memset(ops, 0, sizeof(ops));
+  size_t k = 0;
+  if (!c->md_sent) {
+    ops[k++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    c->md_sent = true;
+  }
+  c->out = pack(&m.base);
+  ops[k].op = GRPC_OP_SEND_MESSAGE;
+  ops[k].data.send_message.send_message = c->out;
+  k++;
+  free(text);
+  free(ids);
+  free(lps);
+  c->send_busy = true;
+  start_batch(c, ops, k, &c->t_send);
+}
+
+static void generate_sink(struct kvld_req *r, void *ud) {
+  (void)r;
+  pump(ud);
+}
+
+/* Complete: collect everything, answer once. */
+static void complete_sink(struct kvld_req *r, void *ud) {
+  struct call *c = ud;
+  char *text;
+  size_t len;
+  int32_t *ids;
+  float *lps;
+  int n;
+  kvld_req_take(r, &text, &len, &ids, &lps, &n);
+  if (len) {
+    c->acc_text = realloc(c->acc_text, c->acc_len + len + 1);
+    memcpy(c->acc_text + c->acc_len, text, len);
+    c->acc_len += len;
+    c->acc_text[c->acc_len] = 0;
+  }
+  if (n) {
+    c->acc_ids = realloc(c->acc_ids, (size_t)(c->acc_n + n) * sizeof(int32_t));
+    c->acc_lps = realloc(c->acc_lps, (size_t)(c->acc_n + n) * sizeof(float));
+    memcpy(c->acc_ids + c->acc_n, ids, (size_t)n * sizeof(int32_t));
+    memcpy(c->acc_lps + c->acc_n, lps, (size_t)n * sizeof(float));
+    c->acc_n += n;
+  }
+  free(text);
+  free(ids);
+  free(lps);
+  if (!r->done) return;
+  if (!c->cancelled) {
+    if (r->status != KVLD_OK)
+      send_status(c, r->status, r->message, NULL);
+    else {
+      Kvlingo__V1__CompleteResponse m = KVLINGO__V1__COMPLETE_RESPONSE__INIT;
+      Kvlingo__V1__Choice ch = KVLINGO__V1__CHOICE__INIT, *chs[1] = {&ch};
+      Kvlingo__V1__Usage u = KVLINGO__V1__USAGE__INIT;
+      Kvlingo__V1__Timings t = KVLINGO__V1__TIMINGS__INIT;
+      m.model = r->d->models[r->p.model].name;
+      ch.text = c->acc_text ? c->acc_text : "";
+      ch.n_token_ids = (size_t)c->acc_n;
+      ch.token_ids = c->acc_ids;
+      if (r->p.logprobs) {
+        ch.n_logprobs = (size_t)c->acc_n;
+        ch.logprobs = c->acc_lps;
+      }
+      ch.finish_reason = finish_pb(r->finish);
+      m.n_choices = 1;
+      m.choices = chs;
+      fill_usage(r, &u, &t);
+      m.usage = &u;
+      m.timings = &t;
+      m.translation = KVLINGO__V1__TRANSLATION_OUTCOME__TRANSLATION_OUTCOME_NOT_NEEDED;
+      m.request_id = r->p.request_id;
+      send_status(c, KVLD_OK, NULL, &m.base);
+    }
+  }
+  kvld_req_release(r);
+  c->req = NULL;
+  call_maybe_free(c);
+}
+
+/* ---- decoding requests ---------------------------------------------------------------- */
+
+static bool read_payload(struct call *c, uint8_t **data, size_t *len) {
+  *data = NULL;
+  *len = 0;
+  if (!c->payload) return true; /* no message at all: an empty request */
+  grpc_byte_buffer_reader rd;
+  if (!grpc_byte_buffer_reader_init(&rd, c->payload)) return false;
+  grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
+  grpc_byte_buffer_reader_destroy(&rd);
+  *len = GRPC_SLICE_LENGTH(s);
+  *data = malloc(*len + 1);
+  if (*data) memcpy(*data, GRPC_SLICE_START_PTR(s), *len);
+  grpc_slice_unref(s);
+  return *data != NULL;
+}
+
+static bool md_value(const grpc_metadata_array *md, const char *key, char *out, size_t outlen) {
+  for (size_t i = 0; i < md->count; i++) {
+    const grpc_metadata *m = &md->metadata[i];
+    if (GRPC_SLICE_LENGTH(m->key) == strlen(key) && !memcmp(GRPC_SLICE_START_PTR(m->key), key, strlen(key))) {
+      size_t n = GRPC_SLICE_LENGTH(m->value);
+      if (n >= outlen) n = outlen - 1;
+      memcpy(out, GRPC_SLICE_START_PTR(m->value), n);
+      out[n] = 0;
+      return true;
+    }
+  }
+  return false;
+}
+
+/* Bearer token from `authorization`, compared in constant time. */
+static bool token_ok(const grpc_metadata_array *md, const char *header, const char *want) {
+  char v[512];
+  if (!md_value(md, header, v, sizeof(v))) return false;
+  const char *tok = !strncmp(v, "Bearer ", 7) ? v + 7 : v;
+  size_t a = strlen(tok), b = strlen(want);
+  unsigned diff = (unsigned)(a ^ b);
+  for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned)(tok[i] ^ want[i]);
+  return diff == 0;
+}
+
+static enum kvld_status sampling_from_pb(const Kvlingo__V1__SamplingParams *s, struct kvld_gen_params *p, char *msg,
+                                         size_t msglen) {
+  kvl_sampler_params_init(&p->sampling);
+  if (!s) return KVLD_OK;
+  if (s->has_temperature_case) p->sampling.temperature = s->temperature;
+  if (s->has_top_p_case) p->sampling.top_p = s->top_p;
+  if (s->has_top_k_case) p->sampling.top_k = s->top_k < 0 ? 0 : s->top_k;
+  if (s->has_min_p_case) p->sampling.min_p = s->min_p;
+  if (s->has_repetition_penalty_case) p->sampling.repetition_penalty = s->repetition_penalty;
+  if (s->has_presence_penalty_case) p->sampling.presence_penalty = s->presence_penalty;
+  if (s->has_frequency_penalty_case) p->sampling.frequency_penalty = s->frequency_penalty;
+  if (s->has_seed_case) {
+    p->sampling.seed = s->seed;
+    p->sampling.has_seed = true;
+  }
+  if (s->n > 1) {
+    snprintf(msg, msglen, "n = %u: more than one choice per request is not supported yet", s->n);
+    return KVLD_INVALID_ARGUMENT;
+  }
+  if (s->n_logit_bias) {
+    p->bias = calloc(s->n_logit_bias, sizeof(*p->bias));
+    if (!p->bias) return KVLD_RESOURCE_EXHAUSTED;
+    for (size_t i = 0; i < s->n_logit_bias; i++) {
+      p->bias[i].token = s->logit_bias[i]->key;
+      p->bias[i].bias = s->logit_bias[i]->value;
+    }
+    p->sampling.bias = p->bias;
+    p->sampling.n_bias = (int)s->n_logit_bias;
+  }
+  return KVLD_OK;
+}
+
+static enum kvld_status gen_from_pb(struct kvld *d, const Kvlingo__V1__GenerateRequest *q, struct kvld_gen_params *p,
+                                    char *msg, size_t msglen) {
+  memset(p, 0, sizeof(*p));
+  enum kvld_status st;
+  json_t *chat = NULL;
+  const char *text = NULL;
+  size_t text_len = 0;
+  const int32_t *ids = NULL;
+  size_t n_ids = 0;
+  bool cont = false;
+  switch (q->input_case) {
+  case KVLINGO__V1__GENERATE_REQUEST__INPUT_TEXT:
+    text = q->text;
+    text_len = strlen(q->text);
+    break;
+  case KVLINGO__V1__GENERATE_REQUEST__INPUT_TOKENS:
+    ids = q->tokens->ids;
+    n_ids = q->tokens->n_ids;
+    if (!ids) ids = (const int32_t *)"", n_ids = 0;
+    break;
+  case KVLINGO__V1__GENERATE_REQUEST__INPUT_CHAT:
+    chat = json_array();
+    for (size_t i = 0; i < q->chat->n_messages; i++)
+      json_array_append_new(chat, json_pack("{s:s,s:s}", "role", q->chat->messages[i]->role, "content",
+                                            q->chat->messages[i]->content));
+    cont = q->chat->continue_final_message;
+    break;
+  default:
+    snprintf(msg, msglen, "no input: set text, tokens or chat");
+    return KVLD_INVALID_ARGUMENT;
+  }
+  if (chat && json_array_size(chat) != q->chat->n_messages) { /* json_pack refuses invalid UTF-8 */
+    json_decref(chat);
+    snprintf(msg, msglen, "a chat message is not valid UTF-8");
+    return KVLD_INVALID_ARGUMENT;
+  }
+  if (ids && n_ids == 0) {
+    snprintf(msg, msglen, "the prompt is empty (no token ids)");
+    return KVLD_INVALID_ARGUMENT;
+  }
+  st = kvld_prepare(d, q->model, text, text_len, n_ids ? ids : NULL, n_ids, chat, cont, p, msg, msglen);
+  json_decref(chat);
+  if (st != KVLD_OK) return st;
+  if ((st = sampling_from_pb(q->sampling, p, msg, msglen)) != KVLD_OK) return st;
+  p->max_tokens = q->max_tokens > (uint32_t)INT32_MAX ? INT32_MAX : (int32_t)q->max_tokens;
+  p->logprobs = q->logprobs > 0;
+  p->sampling.logprobs = p->logprobs;
+  p->ignore_eos = q->ignore_eos;
+  snprintf(p->request_id, sizeof(p->request_id), "%s", q->request_id ? q->request_id : "");
+  if ((st = kvld_check_sampling(d, p, msg, msglen)) != KVLD_OK) return st;
+  /* stop ids: the model's end-of-generation tokens (unless ignore_eos) + the request's */
+  struct kvld_model *m = &d->models[p->model];
+  int nv = kvl_model_hparams(m->m)->n_vocab;
+  p->stop_ids = malloc((q->n_stop_token_ids + 8) * sizeof(int32_t));
+  if (!p->stop_ids) return KVLD_RESOURCE_EXHAUSTED;
+  if (!q->ignore_eos)
+    for (int32_t id = 0; id < nv && p->n_stop_ids < 4; id++)
+      if (kvl_tokenizer_is_eog(m->tk, id)) p->stop_ids[p->n_stop_ids++] = id;
+  for (size_t i = 0; i < q->n_stop_token_ids; i++) {
+    if (q->stop_token_ids[i] < 0 || q->stop_token_ids[i] >= nv) {
+      snprintf(msg, msglen, "stop token id %d is outside the vocabulary [0, %d)", q->stop_token_ids[i], nv);
+      return KVLD_INVALID_ARGUMENT;
+    }
+    p->stop_ids[p->n_stop_ids++] = q->stop_token_ids[i];
+  }
+  if (q->n_stop) {
+    p->stops = calloc(q->n_stop + 1, sizeof(char *));
+    for (size_t i = 0; i < q->n_stop; i++) {
+      if (!q->stop[i][0]) {
+        snprintf(msg, msglen, "stop string %zu is empty", i);
+        return KVLD_INVALID_ARGUMENT;
+      }
+      p->stops[i] = strdup(q->stop[i]);
+    }
+  }
+  return KVLD_OK;
+}
+
+/* ---- method handlers -------------------------------------------------------------------- */
+
+static void handle(struct call *c) {
+  struct kvld *d = c->g->d;
+  char msg[512] = "";
+  if (c->m == M_GENERIC) {
+    char path[256];
+    size_t n = GRPC_SLICE_LENGTH(c->details.method);
+    if (n >= sizeof(path)) n = sizeof(path) - 1;
+    memcpy(path, GRPC_SLICE_START_PTR(c->details.method), n);
+    path[n] = 0;
+    snprintf(msg, sizeof(msg), "unknown method %s", path);
+    send_status(c, KVLD_UNIMPLEMENTED, msg, NULL);
+    return;
+  }
+  bool admin = c->m >= M_LOAD_MODEL && c->m <= M_UNLOAD_TRANSLATOR, health = c->m >= M_HEALTH_CHECK;
+  if (!health && !admin && d->cfg.auth_token[0] && !token_ok(&c->md, "authorization", d->cfg.auth_token)) {
+    send_status(c, KVLD_UNAUTHENTICATED, "missing or wrong bearer token (metadata 'authorization: Bearer ...')", NULL);
+    return;
+  }
+  if (admin) {
+    if (!d->cfg.admin_token[0])
+      send_status(c, KVLD_PERMISSION_DENIED, "the admin service is disabled (no admin_token configured)", NULL);
+    else if (!token_ok(&c->md, "authorization", d->cfg.admin_token))
+      send_status(c, KVLD_PERMISSION_DENIED, "admin calls need the admin token (metadata 'authorization: Bearer ...')",
+                  NULL);
+    else
+      send_status(c, KVLD_UNIMPLEMENTED,
+                  "loading and unloading at run time is not implemented yet: restart with another configuration",
+                  NULL);
+    return;
+  }
+  uint8_t *data;
+  size_t len;
+  if (!read_payload(c, &data, &len)) {
+    send_status(c, KVLD_INTERNAL, "could not read the request", NULL);
+    return;
+  }
+  const uint8_t *buf = data ? data : (const uint8_t *)"";
+  switch (c->m) {
+  case M_HEALTH_CHECK: {
+    Grpc__Health__V1__HealthCheckRequest *q = grpc__health__v1__health_check_request__unpack(NULL, len, buf);
+    if (!q) {
+      send_status(c, KVLD_INVALID_ARGUMENT, "malformed HealthCheckRequest", NULL);
+      break;
+    }
+    if (q->service[0] && strcmp(q->service, "kvlingo.v1.Inference") != 0) {
+      snprintf(msg, sizeof(msg), "unknown service '%s'", q->service);
+      send_status(c, KVLD_NOT_FOUND, msg, NULL);
+    } else {
+      Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+      r.status = d->serving ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                            : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+      send_status(c, KVLD_OK, NULL, &r.base);
+    }
+    grpc__health__v1__health_check_request__free_unpacked(q, NULL);
+    break;
+  }
+  case M_HEALTH_WATCH:
+    send_status(c, KVLD_UNIMPLEMENTED, "Health.Watch is not implemented: poll Health.Check", NULL);
+    break;
+  case M_GENERATE:
+  case M_COMPLETE: {
+    Kvlingo__V1__GenerateRequest *q = kvlingo__v1__generate_request__unpack(NULL, len, buf);
+    if (!q) {
+      send_status(c, KVLD_INVALID_ARGUMENT, "malformed GenerateRequest (protobuf decoding failed)", NULL);
+      break;
+    }
+    struct kvld_gen_params p;
+    enum kvld_status st = gen_from_pb(d, q, &p, msg, sizeof(msg));
+    kvlingo__v1__generate_request__free_unpacked(q, NULL);
+    if (st == KVLD_OK)
+      st = kvld_req_start(d, &p, c->m == M_GENERATE ? generate_sink : complete_sink, c, &c->req, msg, sizeof(msg));
+    else
+      kvld_gen_params_free(&p);
+    if (st != KVLD_OK) send_status(c, st, msg, NULL);
+    break;
+  }
+  case M_TOKENIZE: {
+    Kvlingo__V1__TokenizeRequest *q = kvlingo__v1__tokenize_request__unpack(NULL, len, buf);
+    if (!q) {
+      send_status(c, KVLD_INVALID_ARGUMENT, "malformed TokenizeRequest", NULL);
+      break;
+    }
+    struct kvld_gen_params p;
+    memset(&p, 0, sizeof(p));
+    json_t *chat = NULL;
+    if (q->input_case == KVLINGO__V1__TOKENIZE_REQUEST__INPUT_CHAT) {
+      chat = json_array();
+      for (size_t i = 0; i < q->chat->n_messages; i++)
+        json_array_append_new(chat, json_pack("{s:s,s:s}", "role", q->chat->messages[i]->role, "content",
+                                              q->chat->messages[i]->content));
+    }
+    const char *text = q->input_case == KVLINGO__V1__TOKENIZE_REQUEST__INPUT_TEXT ? q->text : NULL;
+    enum kvld_status st = kvld_prepare(d, q->model, text, text ? strlen(text) : 0, NULL, 0, chat,
+                                       chat ? q->chat->continue_final_message : false, &p, msg, sizeof(msg));
+    json_decref(chat);
+    if (st == KVLD_OK || (st == KVLD_INVALID_ARGUMENT && p.prompt)) { /* over-long is fine here */
+      Kvlingo__V1__TokenizeResponse r = KVLINGO__V1__TOKENIZE_RESPONSE__INIT;
+      r.model = d->models[p.model].name;
+      r.n_ids = (size_t)p.n_prompt;
+      r.ids = p.prompt;
+      send_status(c, KVLD_OK, NULL, &r.base);
+    } else
+      send_status(c, st, msg, NULL);
+    kvld_gen_params_free(&p);
+    kvlingo__v1__tokenize_request__free_unpacked(q, NULL);
+    break;
+  }
+  case M_DETOKENIZE: {
+    Kvlingo__V1__DetokenizeRequest *q = kvlingo__v1__detokenize_request__unpack(NULL, len, buf);
+    if (!q) {
+      send_status(c, KVLD_INVALID_ARGUMENT, "malformed DetokenizeRequest", NULL);
+      break;
+    }
+    int mi = kvld_model_find(d, q->model);
+    if (mi < 0) {
+      snprintf(msg, sizeof(msg), "unknown model '%s'", q->model);
+      send_status(c, KVLD_NOT_FOUND, msg, NULL);
+    } else {
+      int nv = kvl_model_hparams(d->models[mi].m)->n_vocab;
+      size_t bad = q->n_ids;
+      for (size_t i = 0; i < q->n_ids && bad == q->n_ids; i++)
+        if (q->ids[i] < 0 || q->ids[i] >= nv) bad = i;
+      char *out = NULL;
+      size_t olen = 0;
+      if (bad != q->n_ids) {
+        snprintf(msg, sizeof(msg), "token id %d at position %zu is outside the vocabulary [0, %d)", q->ids[bad], bad,
+                 nv);
+        send_status(c, KVLD_INVALID_ARGUMENT, msg, NULL);
+      } else if (kvl_tokenizer_decode(d->models[mi].tk, q->ids, q->n_ids, q->skip_special, &out, &olen) < 0) {
+        send_status(c, KVLD_INTERNAL, "detokenization failed", NULL);
+      } else {
+        /* protobuf strings must be UTF-8: repair a cut character */
+        Kvlingo__V1__DetokenizeResponse r = KVLINGO__V1__DETOKENIZE_RESPONSE__INIT;
+        r.model = d->models[mi].name;
+        r.text = out;
+        json_t *probe = json_stringn(out, olen);
+        if (!probe) {
+          for (size_t i = 0; i < olen; i++)
+            if ((unsigned char)out[i] >= 0x80) out[i] = '?';
+        }
+        json_decref(probe);
+        send_status(c, KVLD_OK, NULL, &r.base);
+      }
+      free(out);
+    }
+    kvlingo__v1__detokenize_request__free_unpacked(q, NULL);
+    break;
+  }
+  case M_LIST_MODELS: {
+    Kvlingo__V1__ListModelsResponse r = KVLINGO__V1__LIST_MODELS_RESPONSE__INIT;
+    Kvlingo__V1__ModelInfo mi[KVLD_MAX_MODELS], *mp[KVLD_MAX_MODELS];
+    Kvlingo__V1__TranslatorInfo ti[KVLD_MAX_TRANSLATORS], *tp[KVLD_MAX_TRANSLATORS];
+    for (int i = 0; i < d->n_models; i++) {
+      const struct kvl_model_hparams *hp = kvl_model_hparams(d->models[i].m);
+      kvlingo__v1__model_info__init(&mi[i]);
+      mi[i].name = d->models[i].name;
+      mi[i].architecture = (char *)hp->arch;
+      mi[i].n_layer = (uint32_t)hp->n_layer;
+      mi[i].n_vocab = (uint32_t)hp->n_vocab;
+      mi[i].max_model_len = (uint32_t)d->models[i].max_model_len;
+      mi[i].file = d->models[i].path;
+      mi[i].kv_dtype = d->models[i].kv_dtype;
+      mp[i] = &mi[i];
+    }
+    for (int i = 0; i < d->n_translators; i++) {
+      const struct kvld_translator *t = &d->translators[i];
+      struct kvl_translator_map km;
+      kvl_translator_get_map(t->t, 0, KVL_TRANSLATOR_K, &km);
+      kvlingo__v1__translator_info__init(&ti[i]);
+      ti[i].source = d->models[t->src].name;
+      ti[i].target = d->models[t->dst].name;
+      ti[i].file = (char *)t->path;
+      ti[i].nu = (uint32_t)km.nu;
+      ti[i].affine = kvl_translator_affine(t->t);
+      ti[i].fit_json = (char *)(kvl_translator_fit_json(t->t) ? kvl_translator_fit_json(t->t) : "");
+      ti[i].scores_json = (char *)(kvl_translator_scores_json(t->t) ? kvl_translator_scores_json(t->t) : "");
+      tp[i] = &ti[i];
+    }
+    r.n_models = (size_t)d->n_models;
+    r.models = mp;
+    r.n_translators = (size_t)d->n_translators;
+    r.translators = tp;
+    send_status(c, KVLD_OK, NULL, &r.base);
+    break;
+  }
+  case M_SERVER_INFO: {
+    Kvlingo__V1__ServerInfoResponse r = KVLINGO__V1__SERVER_INFO_RESPONSE__INIT;
+    Kvlingo__V1__ModelStats ms[KVLD_MAX_MODELS], *mp[KVLD_MAX_MODELS];
+    for (int i = 0; i < d->n_models; i++) {
+      kvlingo__v1__model_stats__init(&ms[i]);
+      ms[i].name = d->models[i].name;
+      ms[i].running = (uint32_t)d->models[i].mx.running;
+      ms[i].waiting = (uint32_t)d->models[i].mx.waiting;
+      mp[i] = &ms[i];
+    }
+    r.version = KVLD_VERSION;
+    r.backend = (char *)kvl_backend_name(kvl_backend_cpu());
+    r.uptime_seconds = kvld_now() - d->t_start;
+    r.n_models = (size_t)d->n_models;
+    r.models = mp;
+    send_status(c, KVLD_OK, NULL, &r.base);
+    break;
+  }
+  default:
+    send_status(c, KVLD_UNIMPLEMENTED, "not implemented", NULL);
+  }
+  free(data);
+}
+
+/* ---- call life ------------------------------------------------------------------------- */
+
+static void deadline_closed(uv_handle_t *h) {
+  struct call *c = h->data;
+  c->timer_on = false;
+  call_maybe_free(c);
+}
+
+static void call_maybe_free(struct call *c) {
+  if (!c->started || c->pending > 0 || !c->closed || c->req) return;
+  if (c->timer_on) {
+    if (!uv_is_closing((uv_handle_t *)&c->deadline_timer)) uv_close((uv_handle_t *)&c->deadline_timer, deadline_closed);
+    return;
+  }
+  struct kvld_grpc *g = c->g;
+  if (c->out) grpc_byte_buffer_destroy(c->out);
+  if (c->payload) grpc_byte_buffer_destroy(c->payload);
+  grpc_metadata_array_destroy(&c->md);
+  if (c->m == M_GENERIC) grpc_call_details_destroy(&c->details);
+  grpc_slice_unref(c->status_details);
+  grpc_call_unref(c->call);
+  free(c->acc_text);
+  free(c->acc_ids);
+  free(c->acc_lps);
+  free(c);
+  g->live_calls--;
+}
+
+static void on_close(struct call *c, int ok) {
+  (void)ok;
+  c->pending--;
+  c->closed = true;
+  if (c->cancelled && c->req) {
+    kvld_log(KVLD_INFO, "grpc_cancelled", "\"request\":%llu", (unsigned long long)c->req->id);
+    kvld_req_cancel(c->req);
+    if (c->req->done) {
+      kvld_req_release(c->req);
+      c->req = NULL;
+    }
+  }
+  call_maybe_free(c);
+}
+
+static void on_deadline(uv_timer_t *t) {
+  struct call *c = t->data;
+  if (c->req && !c->req->done) {
+    kvld_req_cancel(c->req);
+    c->cancelled = 1; /* the status below replaces whatever would have followed */
+    send_status(c, KVLD_DEADLINE_EXCEEDED, "the server's default deadline passed", NULL);
+  }
+}
+
+static void on_new(struct call *c, int ok) {
+  struct kvld_grpc *g = c->g;
+  if (!ok) { /* shutting down: the request tag came back empty */
+    if (c->m == M_GENERIC) grpc_call_details_destroy(&c->details);
+    grpc_metadata_array_destroy(&c->md);
+    free(c);
+    g->live_calls--;
+    return;
+  }
+  if (!g->shutdown) request_call(g, c->m);
+  c->started = true;
+  grpc_op op;
+  memset(&op, 0, sizeof(op));
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &c->cancelled;
+  start_batch(c, &op, 1, &c->t_close);
+  handle(c);
+  if (c->req && g->d->cfg.default_deadline_s > 0 &&
+      gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) == 0) {
+    uv_timer_init(g->d->loop, &c->deadline_timer);
+    c->deadline_timer.data = c;
+    c->timer_on = true;
+    uv_timer_start(&c->deadline_timer, on_deadline, (uint64_t)(g->d->cfg.default_deadline_s * 1e3), 0);
+  }
+  call_maybe_free(c);
+}
+
+static void request_call(struct kvld_grpc *g, enum method m) {
+  struct call *c = calloc(1, sizeof(*c));
+  if (!c) return;
+  c->g = g;
+  c->m = m;
+  c->status_details = grpc_empty_slice();
+  struct tag *tags[] = {&c->t_new, &c->t_close, &c->t_send, &c->t_status};
+  void (*fns[])(struct call *, int) = {on_new, on_close, on_sent, on_status_sent};
+  for (int i = 0; i < 4; i++) {
+    tags[i]->fn = fns[i];
+    tags[i]->c = c;
+  }
+  grpc_metadata_array_init(&c->md);
+  grpc_call_error e;
+  if (m == M_GENERIC) {
+    grpc_call_details_init(&c->details);
+    e = grpc_server_request_call(g->server, &c->call, &c->details, &c->md, g->cq, g->cq, &c->t_new);
+  } else
+    e = grpc_server_request_registered_call(g->server, g->handle[m], &c->call, &c->deadline, &c->md, &c->payload,
+                                            g->cq, g->cq, &c->t_new);
+  if (e != GRPC_CALL_OK) {
+    kvld_log(KVLD_ERROR, "grpc_request_call_failed", "\"error\":%d", (int)e);
+    grpc_metadata_array_destroy(&c->md);
+    free(c);
+    return;
+  }
+  g->live_calls++;
+}
+
+int kvld_grpc_start(struct kvld *d, char *err, size_t errlen) {
+  struct kvld_grpc *g = calloc(1, sizeof(*g));
+  if (!g) return kvl_errf(err, errlen, KVL_ENOMEM, "grpc: out of memory");
+  g->d = d;
+  d->grpc = g;
+  grpc_init();
+  g->server = grpc_server_create(NULL, NULL);
+  g->cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_server_register_completion_queue(g->server, g->cq, NULL);
+  for (int m = 0; m < M_COUNT; m++)
+    g->handle[m] = grpc_server_register_method(g->server, method_path[m], NULL,
+                                               GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+  grpc_server_credentials *creds;
+  if (d->cfg.tls_cert[0]) {
+    char *cert = NULL, *key = NULL;
+    FILE *f;
+    long n;
+    for (int i = 0; i < 2; i++) {
+      const char *path = i ? d->cfg.tls_key : d->cfg.tls_cert;
+      if (!(f = fopen(path, "rb"))) return kvl_errf(err, errlen, KVL_ENOENT, "tls: cannot read %s", path);
+      fseek(f, 0, SEEK_END);
+      n = ftell(f);
+      fseek(f, 0, SEEK_SET);
+      char *buf = calloc((size_t)n + 1, 1);
+      if (fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
+      fclose(f);
+      *(i ? &key : &cert) = buf;
+    }
+    grpc_ssl_pem_key_cert_pair pair = {key, cert};
+    creds = grpc_ssl_server_credentials_create(NULL, &pair, 1, 0, NULL);
+    free(cert);
+    free(key);
+  } else
+    creds = grpc_insecure_server_credentials_create();
+  char addr[256];
+  snprintf(addr, sizeof(addr), "%s:%d", d->cfg.listen, d->cfg.grpc_port);
+  d->grpc_port = grpc_server_add_http2_port(g->server, addr, creds);
+  grpc_server_credentials_release(creds);
+  if (d->grpc_port == 0) return kvl_errf(err, errlen, KVL_EBUSY, "grpc: cannot listen on %s", addr);
+  grpc_server_start(g->server);
+  uv_mutex_init(&g->mu);
+  uv_async_init(d->loop, &g->async, on_async);
+  g->async.data = g;
+  for (int m = 0; m <= M_GENERIC; m++) request_call(g, m);
+  if (uv_thread_create(&g->thread, cq_thread, g) != 0)
+    return kvl_errf(err, errlen, KVL_ENOMEM, "grpc: cannot start the completion-queue thread");
+  return 0;
+}
+
+static void on_async_closed(uv_handle_t *h) {
+  struct kvld_grpc *g = h->data;
+  struct kvld *d = g->d;
+  uv_mutex_destroy(&g->mu);
+  free(g->q);
+  void (*cb)(struct kvld *) = g->shutdown_cb;
+  free(g);
+  d->grpc = NULL;
+  grpc_shutdown();
+  if (cb) cb(d);
+}
+
+static void on_server_shutdown(struct call *c, int ok) {
+  (void)ok;
+  struct kvld_grpc *g = (struct kvld_grpc *)c;
+  /* every call is over (cancel_all_calls ran): stop the poller */
+  grpc_server_destroy(g->server);
+  grpc_completion_queue_shutdown(g->cq);
+  uv_thread_join(&g->thread);
+  /* tags delivered after the last drain are request tags of the server: handled below */
+  on_async(&g->async);
+  grpc_completion_queue_destroy(g->cq);
+  uv_close((uv_handle_t *)&g->async, on_async_closed);
+}
+
+/* Stop listening; calls in flight are cancelled (the caller waited the drain period). */
+void kvld_grpc_shutdown(struct kvld *d, void (*done)(struct kvld *d)) {
+  struct kvld_grpc *g = d->grpc;
+  if (!g || g->shutdown) return;
+  g->shutdown = true;
+  g->shutdown_cb = done;
+  g->t_shutdown.fn = on_server_shutdown;
+  g->t_shutdown.c = (struct call *)g;
+  grpc_server_shutdown_and_notify(g->server, g->cq, &g->t_shutdown);
+  grpc_server_cancel_all_calls(g->server);
+}

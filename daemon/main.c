@@ -1,0 +1,268 @@
+/* main.c — kvlingod: load the configured models and translators, start the engine's
+ * compute thread, serve gRPC and HTTP on one libuv loop, drain gracefully on SIGTERM. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon.h"
+#include "kvl_error.h"
+#include "kvl_sched.h"
+
+#ifndef KVLD_SOURCE_ROOT
+#define KVLD_SOURCE_ROOT NULL
+#endif
+
+double kvld_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+    "usage: kvlingod [--config FILE] [--grpc-port N] [--http-port N] [options]\n"
+    "\n"
+    "Serve several resident LLMs over gRPC (kvlingo.v1, grpc.health.v1) and HTTP (/health,\n"
+    "/metrics in vLLM's names, OpenAI-compatible /v1/*). With no configuration it serves the\n"
+    "Qwen2.5-Coder 0.5B/1.5B pair from $KVLINGO_MODELS with the committed translators.\n"
+    "\n"
+    "  -c, --config FILE      YAML configuration (docs/daemon.md lists every key)\n"
+    "      --grpc-port N      gRPC port (default 50051; 0 = any free port)\n"
+    "      --http-port N      HTTP port (default 8000; 0 = any free port; -1 = no HTTP)\n"
+    "      --listen HOST      address to bind (default 127.0.0.1)\n"
+    "  -m, --model NAME=PATH  serve this model (repeatable; replaces the default pair)\n"
+    "  -t, --translator FILE  load this translator (repeatable)\n"
+    "      --log-level L      debug, info, warn, error (default info)\n"
+    "  -h, --help             this text\n"
+    "      --version          print the version\n"
+    "\n"
+    "Environment: KVLINGO_GRPC_PORT, KVLINGO_HTTP_PORT, KVLINGO_LISTEN, KVLINGO_AUTH_TOKEN,\n"
+    "KVLINGO_ADMIN_TOKEN, KVLINGO_LOG_LEVEL override the file; flags override both.\n"
+    "Once listening, one line goes to stdout: 'kvlingod listening grpc=HOST:PORT http=HOST:PORT'.\n");
+}
+
+/* ---- models ------------------------------------------------------------------------- */
+
+static int load_models(struct kvld *d, kvl_sched_t *s, char *err, size_t errlen) {
+  for (int i = 0; i < d->cfg.n_models; i++) {
+    const struct kvld_model_cfg *mc = &d->cfg.models[i];
+    struct kvld_model *m = &d->models[i];
+    char *path = kvl_model_resolve(mc->path);
+    if (!path) return kvl_errf(err, errlen, KVL_ENOENT, "model '%s': %s not found (scripts/fetch-models)", mc->name, mc->path);
+    snprintf(m->path, sizeof(m->path), "%s", path);
+    free(path);
+    snprintf(m->name, sizeof(m->name), "%s", mc->name);
+    snprintf(m->kv_dtype, sizeof(m->kv_dtype), "%s", mc->kv_dtype);
+    int rc = kvl_model_open(m->path, &m->m, err, errlen);
+    if (rc == 0) rc = kvl_tokenizer_from_gguf(kvl_model_gguf(m->m), &m->tk, err, errlen);
+    if (rc < 0) return rc;
+    const char *tsrc;
+    if (kvl_gguf_get_str(kvl_model_gguf(m->m), "tokenizer.chat_template", &tsrc) == 0 &&
+        kvl_template_parse(tsrc, &m->tmpl, err, errlen) < 0)
+      m->tmpl = NULL; /* chat input will be refused for this model */
+    const struct kvl_model_hparams *hp = kvl_model_hparams(m->m);
+    m->max_model_len = mc->max_model_len < hp->n_ctx_train ? mc->max_model_len : hp->n_ctx_train;
+    struct kvl_sched_model sm = {.name = m->name, .model = m->m, .backend = kvl_backend_cpu(),
+                                 .max_model_len = m->max_model_len};
+    sm.pool.layout = kvl_model_kv_layout(m->m, !strcmp(mc->kv_dtype, "f32") ? KVL_KV_F32 : KVL_KV_BF16);
+    sm.pool.hot_bytes = (size_t)mc->hot_bytes;
+    sm.pool.cold_bytes = (size_t)mc->cold_bytes;
+    if ((rc = kvl_sched_add_model(s, &sm, &m->sched_id, err, errlen)) < 0) return rc;
+    kvld_hist_init(&m->mx.ttft, kvld_ttft_buckets, kvld_n_ttft_buckets);
+    kvld_hist_init(&m->mx.itl, kvld_itl_buckets, kvld_n_itl_buckets);
+    kvld_hist_init(&m->mx.e2e, kvld_e2e_buckets, kvld_n_e2e_buckets);
+    kvld_hist_init(&m->mx.queue, kvld_e2e_buckets, kvld_n_e2e_buckets);
+    d->n_models++;
+    kvld_log(KVLD_INFO, "model_loaded", "\"model\":\"%s\",\"file\":\"%s\",\"layers\":%d,\"kv_dtype\":\"%s\"", m->name,
+             m->path, hp->n_layer, m->kv_dtype);
+  }
+  return 0;
+}
+
+static int load_translators(struct kvld *d, char *err, size_t errlen) {
+  for (int i = 0; i < d->cfg.n_translators; i++) {
+    struct kvld_translator *t = &d->translators[d->n_translators];
+    snprintf(t->path, sizeof(t->path), "%s", d->cfg.translators[i]);
+    int rc = kvl_translator_load(t->path, &t->t, err, errlen);
+    if (rc < 0) return rc;
+    t->src = t->dst = -1;
+    struct kvl_model_fingerprint fp[KVLD_MAX_MODELS];
+    for (int k = 0; k < d->n_models; k++) kvl_fingerprint_from_gguf(kvl_model_gguf(d->models[k].m), &fp[k], err, errlen);
+    for (int a = 0; a < d->n_models && t->src < 0; a++)
+      for (int b = 0; b < d->n_models && t->src < 0; b++)
+        if (a != b && kvl_translator_check_models(t->t, &fp[a], &fp[b], err, errlen) == 0) {
+          t->src = a;
+          t->dst = b;
+        }
+    if (t->src < 0) {
+      char e2[300];
+      snprintf(e2, sizeof(e2), "%.299s", err);
+      kvl_translator_free(t->t);
+      return kvl_errf(err, errlen, KVL_EMISMATCH, "translator %s fits no pair of the resident models (%s)", t->path, e2);
+    }
+    d->n_translators++;
+    kvld_log(KVLD_INFO, "translator_loaded", "\"file\":\"%s\",\"source\":\"%s\",\"target\":\"%s\"", t->path,
+             d->models[t->src].name, d->models[t->dst].name);
+  }
+  return 0;
+}
+
+/* ---- shutdown ----------------------------------------------------------------------- */
+
+static void on_engine_closed(kvl_engine_t *e) {
+  (void)e;
+}
+
+static struct kvld *g_d;
+
+static void on_grpc_down(struct kvld *d) {
+  kvld_http_stop(d);
+  if (d->engine) kvl_engine_stop(d->engine, on_engine_closed);
+  d->engine = NULL;
+  uv_close((uv_handle_t *)&d->sig_term, NULL);
+  uv_close((uv_handle_t *)&d->sig_int, NULL);
+  uv_close((uv_handle_t *)&d->drain_timer, NULL);
+  kvld_log(KVLD_INFO, "stopped", NULL);
+}
+
+static void on_drain_tick(uv_timer_t *t) {
+  struct kvld *d = t->data;
+  static double t0 = 0;
+  if (t0 == 0) t0 = kvld_now();
+  if (d->in_flight > 0 && kvld_now() - t0 < d->cfg.drain_s) return;
+  uv_timer_stop(t);
+  kvld_log(KVLD_INFO, "drained", "\"in_flight\":%d,\"seconds\":%.2f", d->in_flight, kvld_now() - t0);
+  kvld_grpc_shutdown(d, on_grpc_down);
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  struct kvld *d = s->data;
+  if (d->draining) return;
+  d->draining = true;
+  d->serving = false;
+  kvld_log(KVLD_INFO, "draining", "\"signal\":%d,\"in_flight\":%d,\"grace_s\":%.1f", signum, d->in_flight, d->cfg.drain_s);
+  uv_timer_start(&d->drain_timer, on_drain_tick, 0, 50);
+}
+
+int main(int argc, char **argv) {
+  enum { O_GRPC = 1000, O_HTTP, O_LISTEN, O_LOG, O_VERSION };
+  static const struct option opts[] = {
+    {"config", required_argument, 0, 'c'}, {"grpc-port", required_argument, 0, O_GRPC},
+    {"http-port", required_argument, 0, O_HTTP}, {"listen", required_argument, 0, O_LISTEN},
+    {"model", required_argument, 0, 'm'}, {"translator", required_argument, 0, 't'},
+    {"log-level", required_argument, 0, O_LOG}, {"help", no_argument, 0, 'h'},
+    {"version", no_argument, 0, O_VERSION}, {0, 0, 0, 0}};
+  static struct kvld d;
+  g_d = &d;
+  kvld_config_defaults(&d.cfg, KVLD_SOURCE_ROOT);
+  char err[1024];
+  /* the file first, then the environment, then flags */
+  const char *config = NULL;
+  int c;
+  while ((c = getopt_long(argc, argv, "c:m:t:h", opts, NULL)) != -1) {
+    if (c == 'c') config = optarg;
+    else if (c == 'h') {
+      usage(stdout);
+      return 0;
+    } else if (c == O_VERSION) {
+      puts("kvlingod " KVLD_VERSION);
+      return 0;
+    } else if (c == '?') {
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (config && kvld_config_load(&d.cfg, config, err, sizeof(err)) < 0) {
+    fprintf(stderr, "kvlingod: %s\n", err);
+    return 2;
+  }
+  if (kvld_config_env(&d.cfg, err, sizeof(err)) < 0) {
+    fprintf(stderr, "kvlingod: %s\n", err);
+    return 2;
+  }
+  bool flag_models = false, flag_translators = false;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "c:m:t:h", opts, NULL)) != -1) {
+    char *end;
+    switch (c) {
+    case O_GRPC: d.cfg.grpc_port = (int)strtol(optarg, &end, 10); if (*end || d.cfg.grpc_port < 0 || d.cfg.grpc_port > 65535) { fprintf(stderr, "kvlingod: --grpc-port: '%s' is not a port\n", optarg); return 2; } break;
+    case O_HTTP: d.cfg.http_port = (int)strtol(optarg, &end, 10); if (*end || d.cfg.http_port < -1 || d.cfg.http_port > 65535) { fprintf(stderr, "kvlingod: --http-port: '%s' is not a port\n", optarg); return 2; } break;
+    case O_LISTEN: snprintf(d.cfg.listen, sizeof(d.cfg.listen), "%s", optarg); break;
+    case O_LOG: snprintf(d.cfg.log_level, sizeof(d.cfg.log_level), "%s", optarg); break;
+    case 'm': {
+      char *eq = strchr(optarg, '=');
+      if (!eq || eq == optarg || !eq[1]) { fprintf(stderr, "kvlingod: --model: expected NAME=PATH, got '%s'\n", optarg); return 2; }
+      if (!flag_models) { d.cfg.n_models = 0; flag_models = true; if (!flag_translators) d.cfg.n_translators = 0; }
+      if (d.cfg.n_models == KVLD_MAX_MODELS) { fprintf(stderr, "kvlingod: too many models\n"); return 2; }
+      struct kvld_model_cfg *m = &d.cfg.models[d.cfg.n_models++];
+      snprintf(m->name, sizeof(m->name), "%.*s", (int)(eq - optarg), optarg);
+      snprintf(m->path, sizeof(m->path), "%s", eq + 1);
+      snprintf(m->kv_dtype, sizeof(m->kv_dtype), "bf16");
+      m->hot_bytes = 1024ll << 20;
+      m->cold_bytes = 2048ll << 20;
+      m->max_model_len = 8192;
+      if (d.cfg.n_models == 1) snprintf(d.cfg.default_model, sizeof(d.cfg.default_model), "%s", m->name);
+      break;
+    }
+    case 't':
+      if (!flag_translators) { d.cfg.n_translators = 0; flag_translators = true; }
+      if (d.cfg.n_translators == KVLD_MAX_TRANSLATORS) { fprintf(stderr, "kvlingod: too many translators\n"); return 2; }
+      snprintf(d.cfg.translators[d.cfg.n_translators++], sizeof(d.cfg.translators[0]), "%s", optarg);
+      break;
+    default: break;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "kvlingod: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  if (kvld_config_check(&d.cfg, err, sizeof(err)) < 0) {
+    fprintf(stderr, "kvlingod: configuration: %s\n", err);
+    return 2;
+  }
+  kvld_log_set_level(d.cfg.log_level);
+  d.t_start = kvld_now();
+  d.loop = uv_default_loop();
+
+  struct kvl_sched_config sc = {.step_tokens = d.cfg.step_tokens};
+  kvl_sched_t *s;
+  if (kvl_sched_new(&sc, &s) < 0) return 1;
+  int rc = load_models(&d, s, err, sizeof(err));
+  if (rc == 0) rc = load_translators(&d, err, sizeof(err));
+  if (rc == 0 && (rc = kvl_engine_start(d.loop, s, &d.engine)) < 0) snprintf(err, sizeof(err), "engine: %s", kvl_strerror(rc));
+  if (rc < 0) {
+    fprintf(stderr, "kvlingod: %s\n", err);
+    kvld_log(KVLD_ERROR, "start_failed", NULL);
+    return 1;
+  }
+  if ((rc = kvld_grpc_start(&d, err, sizeof(err))) == 0 && d.cfg.http_port >= 0) rc = kvld_http_start(&d, err, sizeof(err));
+  if (rc < 0) {
+    fprintf(stderr, "kvlingod: %s\n", err);
+    return 1;
+  }
+  uv_signal_init(d.loop, &d.sig_term);
+  uv_signal_init(d.loop, &d.sig_int);
+  d.sig_term.data = d.sig_int.data = &d;
+  uv_signal_start(&d.sig_term, on_signal, SIGTERM);
+  uv_signal_start(&d.sig_int, on_signal, SIGINT);
+  uv_timer_init(d.loop, &d.drain_timer);
+  d.drain_timer.data = &d;
+  d.serving = true;
+  char http[160] = "off";
+  if (d.cfg.http_port >= 0) snprintf(http, sizeof(http), "%s:%d", d.cfg.listen, d.http_port);
+  printf("kvlingod listening grpc=%s:%d http=%s\n", d.cfg.listen, d.grpc_port, http);
+  fflush(stdout);
+  kvld_log(KVLD_INFO, "listening", "\"grpc\":\"%s:%d\",\"http\":\"%s\",\"models\":%d,\"translators\":%d", d.cfg.listen,
+           d.grpc_port, http, d.n_models, d.n_translators);
+  uv_run(d.loop, UV_RUN_DEFAULT);
+  for (int i = 0; i < d.n_translators; i++) kvl_translator_free(d.translators[i].t);
+  for (int i = 0; i < d.n_models; i++) {
+    kvl_template_free(d.models[i].tmpl);
+    kvl_tokenizer_free(d.models[i].tk);
+    kvl_model_free(d.models[i].m);
+  }
+  uv_loop_close(d.loop);
+  return 0;
+}
