@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""test-daemon.py — kvlingod on 127.0.0.1 (ports 0) with the real pair, driven by the
+Python grpcio client, HTTP and signals.
+
+  - greedy Generate streams exactly what `kvlingo run` prints for the same prompt;
+    Complete gives the same text
+  - a table of bad inputs: each gets its status code and a message naming the problem,
+    and the daemon keeps serving
+  - cancelling a stream mid-way ends the request and frees its KV blocks
+  - /metrics parses with prometheus_client and its counters equal the traffic sent
+  - SIGTERM while 8 streams run: all 8 finish, new calls are refused, exit code 0
+
+usage: test-daemon.py KVLINGOD KVLINGO MODELS_DIR PROTO_DIR
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+kvlingod, kvlingo, models, proto_dir = sys.argv[1:5]
+small = os.path.join(models, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+large = os.path.join(models, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+if not (os.path.exists(small) and os.path.exists(large)):
+    print("models missing (scripts/fetch-models): skipped")
+    sys.exit(77)
+
+import grpc  # noqa: E402
+from grpc_tools import protoc  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+gen = tempfile.mkdtemp(prefix="kvl-proto-")
+for inc, f in ((proto_dir, "kvlingo/v1/kvlingo.proto"), (os.path.join(proto_dir, "grpc/health/v1"), "health.proto")):
+    assert protoc.main(["protoc", f"-I{inc}", f"--python_out={gen}", f"--grpc_python_out={gen}", f]) == 0
+sys.path.insert(0, gen)
+from kvlingo.v1 import kvlingo_pb2 as pb, kvlingo_pb2_grpc as rpc  # noqa: E402
+import health_pb2, health_pb2_grpc  # noqa: E402
+
+failed = 0
+
+
+def check(cond, what):
+    global failed
+    print(f"{'ok  ' if cond else 'FAIL'} {what}", flush=True)
+    failed += not cond
+
+
+TOKEN, ADMIN = "s3cret-token", "admin-token"
+cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+cfg.write(f"""
+listen: 127.0.0.1
+grpc_port: 0
+http_port: 0
+auth_token: {TOKEN}
+admin_token: {ADMIN}
+max_prompt_tokens: 512
+max_new_tokens: 1024
+drain_s: 60
+log_level: info
+models:
+  - name: small
+    path: {small}
+    hot_mib: 256
+  - name: large
+    path: {large}
+    hot_mib: 256
+""")
+cfg.close()
+log = open(os.path.join(tempfile.gettempdir(), "kvlingod-test.log"), "w")
+d = subprocess.Popen([kvlingod, "--config", cfg.name], stdout=subprocess.PIPE, stderr=log, text=True)
+line = d.stdout.readline()
+if not line.startswith("kvlingod listening"):
+    print("daemon did not start:", line, open(log.name).read()[-2000:])
+    sys.exit(1)
+parts = dict(p.split("=", 1) for p in line.split()[2:])
+gport, hport = parts["grpc"].rsplit(":", 1)[1], parts["http"].rsplit(":", 1)[1]
+ch = grpc.insecure_channel(f"127.0.0.1:{gport}")
+md = [("authorization", f"Bearer {TOKEN}")]
+inf = rpc.InferenceStub(ch)
+health = health_pb2_grpc.HealthStub(ch)
+
+
+def http(path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{hport}{path}", timeout=10) as r:
+        return r.status, r.read().decode()
+
+
+def metrics():
+    fam = {}
+    for f in text_string_to_metric_families(http("/metrics")[1]):
+        for s in f.samples:
+            fam.setdefault(s.name, []).append(s)
+    return fam
+
+
+def mval(fam, name, **labels):
+    return sum(s.value for s in fam.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def serving():
+    return health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+
+
+check(serving() and http("/health")[0] == 200, "health: SERVING over gRPC, 200 over HTTP")
+
+# ---- greedy stream = kvlingo run --------------------------------------------------------
+sent = {"requests": 0, "prompt": 0, "generated": 0}
+prompt = "def fibonacci(n):"
+for model, path in (("small", small), ("large", large)):
+    want = subprocess.run([kvlingo, "run", "-m", path, "-p", prompt, "-n", "24"], capture_output=True,
+                          text=True).stdout
+    req = pb.GenerateRequest(text=prompt, model=model, max_tokens=24, sampling=pb.SamplingParams(temperature=0))
+    chunks = list(inf.Generate(req, metadata=md))
+    text = "".join(c.text for c in chunks)
+    last = chunks[-1]
+    want_gen = want[len(prompt):] if want.startswith(prompt) else None
+    check(want_gen is not None and text in (want_gen, want_gen[:-1]) and len(text) > 10,
+          f"{model}: Generate streams kvlingo run's greedy text ({len(chunks)} messages): {text!r}")
+    check(all(c.model == model for c in chunks) and last.finish_reason == pb.FINISH_REASON_LENGTH and
+          last.usage.generated_tokens == 24 and last.usage.prompt_tokens > 0, f"{model}: model on every chunk, usage")
+    comp = inf.Complete(req, metadata=md)
+    check(comp.choices[0].text == text, f"{model}: Complete gives the same text")
+    for u in (last.usage, comp.usage):
+        sent["requests"] += 1
+        sent["prompt"] += u.prompt_tokens
+        sent["generated"] += u.generated_tokens
+
+# ---- bad input --------------------------------------------------------------------------
+raw = lambda method: ch.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+SC = grpc.StatusCode
+G = lambda **kw: pb.GenerateRequest(**kw)
+cases = [
+    ("malformed protobuf", lambda: raw("/kvlingo.v1.Inference/Complete")(b"\x0a\xff\xff\xff", metadata=md),
+     SC.INVALID_ARGUMENT, "malformed"),
+    ("unknown model", lambda: inf.Complete(G(text="x", model="nope"), metadata=md), SC.NOT_FOUND, "nope"),
+    ("empty prompt", lambda: inf.Complete(G(text="", model="small"), metadata=md), SC.INVALID_ARGUMENT, "empty"),
+    ("prompt over the limit", lambda: inf.Complete(G(text="word " * 2000, model="small"), metadata=md),
+     SC.INVALID_ARGUMENT, "limit"),
+    ("negative temperature", lambda: inf.Complete(G(text="x", sampling=pb.SamplingParams(temperature=-1)),
+                                                 metadata=md), SC.INVALID_ARGUMENT, "temperature"),
+    ("top_p > 1", lambda: inf.Complete(G(text="x", sampling=pb.SamplingParams(top_p=1.5)), metadata=md),
+     SC.INVALID_ARGUMENT, "top_p"),
+    ("invalid UTF-8", lambda: raw("/kvlingo.v1.Inference/Complete")(b"\x0a\x02\xff\xfe", metadata=md),
+     SC.INVALID_ARGUMENT, "UTF-8"),
+    ("token id out of vocabulary", lambda: inf.Complete(G(tokens=pb.TokenIds(ids=[10**8])), metadata=md),
+     SC.INVALID_ARGUMENT, "vocabulary"),
+    ("max_tokens of 10^9", lambda: inf.Complete(G(text="x", max_tokens=10**9), metadata=md), SC.INVALID_ARGUMENT,
+     "max_tokens"),
+    ("unknown method", lambda: raw("/kvlingo.v1.Inference/Nope")(b"", metadata=md), SC.UNIMPLEMENTED, "Nope"),
+    ("missing token", lambda: inf.Complete(G(text="x")), SC.UNAUTHENTICATED, "token"),
+    ("wrong token", lambda: inf.Complete(G(text="x"), metadata=[("authorization", "Bearer wrong")]),
+     SC.UNAUTHENTICATED, "token"),
+    ("admin call without the admin token", lambda: rpc.AdminStub(ch).UnloadModel(pb.UnloadModelRequest(name="small"),
+                                                                                 metadata=md),
+     SC.PERMISSION_DENIED, "admin"),
+]
+for name, call, code, word in cases:
+    try:
+        call()
+        check(False, f"bad input: {name}: accepted")
+    except grpc.RpcError as e:
+        check(e.code() == code and word.lower() in (e.details() or "").lower(),
+              f"bad input: {name}: {e.code().name} '{e.details()}'")
+check(serving(), "still serving after the bad inputs")
+
+# ---- cancel mid-stream --------------------------------------------------------------------
+before = mval(metrics(), "vllm:request_success_total", finished_reason="abort")
+stream = inf.Generate(G(text=prompt, model="large", max_tokens=500), metadata=md)
+got = 0
+for c in stream:
+    got += 1
+    if got == 3:
+        stream.cancel()
+        break
+t0 = time.time()
+while time.time() - t0 < 10:
+    fam = metrics()
+    if mval(fam, "vllm:request_success_total", finished_reason="abort") == before + 1:
+        break
+    time.sleep(0.05)
+freed = time.time() - t0
+fam = metrics()
+check(mval(fam, "vllm:request_success_total", finished_reason="abort") == before + 1 and
+      mval(fam, "vllm:num_requests_running") == 0 and mval(fam, "vllm:kv_cache_usage_perc", model_name="large") == 0,
+      f"cancel: request ended and its blocks freed {freed:.2f} s after the cancel")
+sent["requests"] += 1  # an aborted request counts in request_success_total{abort}
+
+# ---- metrics equal the traffic ------------------------------------------------------------
+fam = metrics()
+check(mval(fam, "vllm:request_success_total") == sent["requests"],
+      f"metrics: request_success_total {mval(fam, 'vllm:request_success_total')} == {sent['requests']} requests")
+gen_total = mval(fam, "vllm:generation_tokens_total")
+check(gen_total >= sent["generated"] and gen_total <= sent["generated"] + 8,  # + the aborted stream's few tokens
+      f"metrics: generation_tokens_total {gen_total} == {sent['generated']} (+ the cancelled stream's)")
+prompt_total = mval(fam, "vllm:prompt_tokens_total")
+check(prompt_total - sent["prompt"] in range(0, 16),  # + the aborted stream's prompt
+      f"metrics: prompt_tokens_total {prompt_total} == {sent['prompt']} (+ the cancelled stream's)")
+check(mval(fam, "vllm:time_to_first_token_seconds_count") == sent["requests"],
+      "metrics: one time-to-first-token observation per request")
+
+# ---- SIGTERM while 8 streams run ----------------------------------------------------------
+results = [None] * 8
+first = threading.Barrier(9)
+
+
+def run(i):
+    try:
+        n, fin, seen = 0, None, False
+        for c in inf.Generate(G(text=f"# task {i}\ndef f{i}(x):", model="small", max_tokens=24,
+                                 sampling=pb.SamplingParams(temperature=0)), metadata=md):
+            n += len(c.token_ids)
+            if not seen:
+                seen = True
+                first.wait(timeout=120)
+            fin = c.finish_reason
+        results[i] = (n, fin)
+    except Exception as e:  # noqa: BLE001
+        results[i] = ("error", str(e))
+        try:
+            first.abort()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+for t in threads:
+    t.start()
+first.wait(timeout=120)
+d.send_signal(signal.SIGTERM)
+time.sleep(0.3)
+try:
+    inf.Complete(G(text="late", model="small", max_tokens=4), metadata=md, timeout=10)
+    refused = False
+except grpc.RpcError as e:
+    refused = e.code() in (SC.UNAVAILABLE, SC.CANCELLED)
+try:
+    not_serving = health.Check(health_pb2.HealthCheckRequest(), timeout=5).status != \
+        health_pb2.HealthCheckResponse.SERVING
+except grpc.RpcError:
+    not_serving = True
+for t in threads:
+    t.join(timeout=120)
+rc = d.wait(timeout=120)
+check(all(r == (24, pb.FINISH_REASON_LENGTH) for r in results), f"SIGTERM: all 8 streams completed: {results}")
+check(refused and not_serving, "SIGTERM: new calls refused, health NOT_SERVING")
+check(rc == 0, f"SIGTERM: exit code {rc}")
+if failed:
+    print(open(log.name).read()[-3000:])
+sys.exit(1 if failed else 0)
