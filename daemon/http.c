@@ -1,10 +1,15 @@
 /* http.c — HTTP on the daemon's libuv loop with libmicrohttpd (no HTTP parser of ours):
  * MHD runs without threads of its own in epoll mode; its epoll descriptor is watched by a
  * uv_poll_t and its timeout by a uv_timer_t, so every request is handled on the loop
- * thread like the gRPC calls. Routes: /health, /metrics (Prometheus text), /v1/models. */
+ * thread like the gRPC calls. Routes: /health, /metrics (Prometheus text), and the
+ * OpenAI-compatible /v1/models, /v1/completions, /v1/chat/completions (JSON, or SSE with
+ * `stream`, `stream_options.include_usage`). A streaming response is a content-reader
+ * callback that suspends its connection while no text is pending; the request's sink
+ * resumes it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <jansson.h>
 #include <microhttpd.h>
@@ -18,9 +23,34 @@ struct kvld_http {
   uv_poll_t poll;
   uv_timer_t timer;
   int closing;
+  uint64_t next_id;
+};
+
+#define MAX_BODY (4 << 20)
+
+enum route { R_OTHER, R_COMPLETIONS, R_CHAT };
+
+/* One OpenAI request on one connection. */
+struct hconn {
+  struct kvld_http *h;
+  struct MHD_Connection *conn;
+  enum route route;
+  char *body;
+  size_t len;
+  bool too_big, started, stream, include_usage, suspended, conn_done, final_queued;
+  struct kvld_req *req;
+  char id[64], model[64];
+  long created;
+  char *out;          /* bytes ready for the client (SSE events, or the whole JSON body) */
+  size_t out_len, out_pos, out_cap;
+  char *acc;          /* non-streaming: the whole text */
+  size_t acc_len;
+  bool role_sent;
+  unsigned code;      /* non-streaming: the status of the answer */
 };
 
 static void reschedule(struct kvld_http *h);
+static enum MHD_Result openai(struct hconn *c, struct MHD_Connection *conn, const char *upload, size_t *upload_size);
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type, char *body, size_t len,
                              bool free_body) {
@@ -61,11 +91,27 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   (void)upload;
   struct kvld_http *h = cls;
   struct kvld *d = h->d;
+  enum route rt = !strcmp(url, "/v1/completions") ? R_COMPLETIONS : !strcmp(url, "/v1/chat/completions") ? R_CHAT : R_OTHER;
   if (*con_cls == NULL) { /* first call: headers only */
-    *con_cls = h;
+    if (rt != R_OTHER && !strcmp(method, "POST")) {
+      struct hconn *c = calloc(1, sizeof(*c));
+      if (!c) return MHD_NO;
+      c->h = h;
+      c->route = rt;
+      *con_cls = c;
+    } else
+      *con_cls = (void *)-1;
     return MHD_YES;
   }
-  if (*upload_size) { /* bodies are not read by these routes */
+  if (*con_cls != (void *)-1) {
+    struct hconn *c = *con_cls;
+    if (!c->started && !*upload_size && !authorized(d, conn)) {
+      c->started = true;
+      return error_json(conn, 401, "authentication_error", "missing or wrong bearer token");
+    }
+    return openai(c, conn, upload, upload_size);
+  }
+  if (*upload_size) { /* bodies are not read by the other routes */
     *upload_size = 0;
     return MHD_YES;
   }
@@ -82,6 +128,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return reply(conn, 200, "text/plain; version=0.0.4; charset=utf-8", s, strlen(s), true);
   }
   if (!authorized(d, conn)) return error_json(conn, 401, "authentication_error", "missing or wrong bearer token");
+  if (rt != R_OTHER) return error_json(conn, 405, "invalid_request_error", "use POST");
   if (!strcmp(url, "/v1/models")) {
     if (!get) return error_json(conn, 405, "invalid_request_error", "use GET /v1/models");
     json_t *data = json_array();
@@ -96,6 +143,381 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   char msg[300];
   snprintf(msg, sizeof(msg), "no route %s %s", method, url);
   return error_json(conn, 404, "invalid_request_error", msg);
+}
+
+
+/* ---- OpenAI-compatible generation ---------------------------------------------------- */
+
+static void on_timer(uv_timer_t *t);
+/* Run MHD soon: a resumed connection has something to send. */
+static void kick(struct kvld_http *h) { uv_timer_start(&h->timer, on_timer, 0, 0); }
+
+static void out_put(struct hconn *c, const char *s, size_t n) {
+  if (c->out_len + n + 1 > c->out_cap) {
+    size_t cap = (c->out_len + n + 1) * 2;
+    char *o = realloc(c->out, cap);
+    if (!o) return;
+    c->out = o;
+    c->out_cap = cap;
+  }
+  memcpy(c->out + c->out_len, s, n);
+  c->out_len += n;
+  c->out[c->out_len] = 0;
+}
+
+static void out_event(struct hconn *c, json_t *j) {
+  char *s = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  if (!s) return;
+  out_put(c, "data: ", 6);
+  out_put(c, s, strlen(s));
+  out_put(c, "\n\n", 2);
+  free(s);
+}
+
+static json_t *usage_json(const struct kvld_req *r) {
+  return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", r->usage.prompt_tokens, "completion_tokens", r->generated,
+                   "total_tokens", r->usage.prompt_tokens + r->generated, "prompt_tokens_details", "cached_tokens",
+                   r->usage.cached_native + r->usage.cached_translated);
+}
+
+static json_t *finish_json(const struct kvld_req *r) {
+  if (!r->done) return json_null();
+  return json_string(r->finish == KVLD_FIN_LENGTH ? "length" : r->finish == KVLD_FIN_STOP ? "stop" : "abort");
+}
+
+static json_t *chunk_json(struct hconn *c, const char *text, size_t len, json_t *finish) {
+  json_t *choice;
+  if (c->route == R_CHAT) {
+    json_t *delta = json_object();
+    if (!c->role_sent) json_object_set_new(delta, "role", json_string("assistant"));
+    c->role_sent = true;
+    if (len) json_object_set_new(delta, "content", json_stringn(text, len));
+    choice = json_pack("{s:i,s:o,s:o}", "index", 0, "delta", delta, "finish_reason", finish);
+  } else
+    choice = json_pack("{s:i,s:s%,s:n,s:o}", "index", 0, "text", text ? text : "", len, "logprobs", "finish_reason",
+                       finish);
+  return json_pack("{s:s,s:s,s:i,s:s,s:[o]}", "id", c->id, "object",
+                   c->route == R_CHAT ? "chat.completion.chunk" : "text_completion", "created", (int)c->created, "model",
+                   c->model, "choices", choice);
+}
+
+static unsigned http_code(enum kvld_status st) {
+  switch (st) {
+  case KVLD_INVALID_ARGUMENT: return 400;
+  case KVLD_NOT_FOUND: return 404;
+  case KVLD_UNAUTHENTICATED: return 401;
+  case KVLD_PERMISSION_DENIED: return 403;
+  case KVLD_RESOURCE_EXHAUSTED: return 429;
+  case KVLD_UNAVAILABLE: return 503;
+  case KVLD_FAILED_PRECONDITION: return 400;
+  default: return 500;
+  }
+}
+
+static void hconn_free(struct hconn *c) {
+  free(c->body);
+  free(c->out);
+  free(c->acc);
+  free(c);
+}
+
+static void http_sink(struct kvld_req *r, void *ud) {
+  struct hconn *c = ud;
+  char *text;
+  size_t len;
+  int32_t *ids;
+  float *lps;
+  int n;
+  kvld_req_take(r, &text, &len, &ids, &lps, &n);
+  free(ids);
+  free(lps);
+  if (c->conn_done) { /* the client is gone */
+    free(text);
+    if (r->done) {
+      kvld_req_release(r);
+      c->req = NULL;
+      hconn_free(c);
+    }
+    return;
+  }
+  if (c->stream) {
+    if (len || (!c->role_sent && c->route == R_CHAT)) out_event(c, chunk_json(c, text, len, json_null()));
+    if (r->done) {
+      if (r->status != KVLD_OK) {
+        out_event(c, json_pack("{s:{s:s,s:s}}", "error", "message", r->message, "type", "server_error"));
+      } else {
+        out_event(c, chunk_json(c, NULL, 0, finish_json(r)));
+        if (c->include_usage)
+          out_event(c, json_pack("{s:s,s:s,s:i,s:s,s:[],s:o}", "id", c->id, "object",
+                                 c->route == R_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+                                 (int)c->created, "model", c->model, "choices", "usage", usage_json(r)));
+      }
+      out_put(c, "data: [DONE]\n\n", 14);
+      c->final_queued = true;
+    }
+  } else {
+    if (len) {
+      char *a = realloc(c->acc, c->acc_len + len + 1);
+      if (a) {
+        memcpy(a + c->acc_len, text, len);
+        c->acc = a;
+        c->acc_len += len;
+        a[c->acc_len] = 0;
+      }
+    }
+    if (r->done) {
+      json_t *j;
+      if (r->status != KVLD_OK) {
+        c->code = http_code(r->status);
+        j = json_pack("{s:{s:s,s:s,s:i}}", "error", "message", r->message, "type", "server_error", "code", (int)c->code);
+      }
+      else {
+        json_t *choice = c->route == R_CHAT
+                             ? json_pack("{s:i,s:{s:s,s:s%},s:o}", "index", 0, "message", "role", "assistant",
+                                         "content", c->acc ? c->acc : "", c->acc_len, "finish_reason", finish_json(r))
+                             : json_pack("{s:i,s:s%,s:n,s:o}", "index", 0, "text", c->acc ? c->acc : "", c->acc_len,
+                                         "logprobs", "finish_reason", finish_json(r));
+        j = json_pack("{s:s,s:s,s:i,s:s,s:[o],s:o}", "id", c->id, "object",
+                      c->route == R_CHAT ? "chat.completion" : "text_completion", "created", (int)c->created, "model",
+                      c->model, "choices", choice, "usage", usage_json(r));
+      }
+      char *s = json_dumps(j, JSON_COMPACT);
+      json_decref(j);
+      if (s) out_put(c, s, strlen(s));
+      free(s);
+      c->final_queued = true;
+    }
+  }
+  free(text);
+  if (r->done) {
+    kvld_req_release(r);
+    c->req = NULL;
+  }
+  if (c->suspended && (c->stream || c->final_queued)) {
+    c->suspended = false;
+    MHD_resume_connection(c->conn);
+    kick(c->h);
+  }
+}
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  struct hconn *c = cls;
+  if (c->out_pos < c->out_len) {
+    size_t n = c->out_len - c->out_pos < max ? c->out_len - c->out_pos : max;
+    memcpy(buf, c->out + c->out_pos, n);
+    c->out_pos += n;
+    if (c->out_pos == c->out_len) c->out_pos = c->out_len = 0;
+    return (ssize_t)n;
+  }
+  if (c->final_queued) return MHD_CONTENT_READER_END_OF_STREAM;
+  c->suspended = true;
+  MHD_suspend_connection(c->conn);
+  return 0;
+}
+
+static double num(json_t *o, const char *k, double def, bool *present) {
+  json_t *v = json_object_get(o, k);
+  if (present) *present = v && !json_is_null(v);
+  return json_is_number(v) ? json_number_value(v) : def;
+}
+
+/* Parse the body and start the request; on failure a status and message. */
+static enum kvld_status openai_start(struct hconn *c, char *msg, size_t msglen) {
+  struct kvld *d = c->h->d;
+  json_error_t je;
+  json_t *j = json_loadb(c->body ? c->body : "", c->len, 0, &je);
+  if (!j || !json_is_object(j)) {
+    snprintf(msg, msglen, "the body is not a JSON object (%s)", j ? "not an object" : je.text);
+    json_decref(j);
+    return KVLD_INVALID_ARGUMENT;
+  }
+  struct kvld_gen_params p;
+  memset(&p, 0, sizeof(p));
+  enum kvld_status st;
+  const char *model = json_string_value(json_object_get(j, "model"));
+  if (c->route == R_CHAT) {
+    json_t *msgs = json_object_get(j, "messages");
+    if (!json_is_array(msgs)) {
+      json_decref(j);
+      snprintf(msg, msglen, "'messages' must be an array of {role, content}");
+      return KVLD_INVALID_ARGUMENT;
+    }
+    json_t *norm = json_array(), *m;
+    size_t i;
+    json_array_foreach(msgs, i, m) {
+      json_t *content = json_object_get(m, "content");
+      if (!json_is_string(json_object_get(m, "role")) || !(json_is_string(content) || json_is_array(content))) {
+        json_decref(norm);
+        json_decref(j);
+        snprintf(msg, msglen, "messages[%zu]: needs a string 'role' and a string 'content'", i);
+        return KVLD_INVALID_ARGUMENT;
+      }
+      if (json_is_array(content)) { /* [{type: text, text}] parts: concatenate the text */
+        char *txt = strdup("");
+        size_t k;
+        json_t *part;
+        json_array_foreach(content, k, part) {
+          const char *t = json_string_value(json_object_get(part, "text"));
+          if (t) {
+            char *n2 = malloc(strlen(txt) + strlen(t) + 1);
+            sprintf(n2, "%s%s", txt, t);
+            free(txt);
+            txt = n2;
+          }
+        }
+        json_array_append_new(norm, json_pack("{s:O,s:s}", "role", json_object_get(m, "role"), "content", txt));
+        free(txt);
+      } else
+        json_array_append_new(norm, json_pack("{s:O,s:O}", "role", json_object_get(m, "role"), "content", content));
+    }
+    st = kvld_prepare(d, model, NULL, 0, NULL, 0, norm, false, &p, msg, msglen);
+    json_decref(norm);
+  } else {
+    json_t *pr = json_object_get(j, "prompt");
+    if (json_is_string(pr))
+      st = kvld_prepare(d, model, json_string_value(pr), json_string_length(pr), NULL, 0, NULL, false, &p, msg, msglen);
+    else if (json_is_array(pr) && json_array_size(pr) > 0 && json_is_integer(json_array_get(pr, 0))) {
+      size_t n = json_array_size(pr);
+      int32_t *ids = malloc(n * sizeof(int32_t));
+      for (size_t i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(pr, i));
+      st = kvld_prepare(d, model, NULL, 0, ids, n, NULL, false, &p, msg, msglen);
+      free(ids);
+    } else {
+      snprintf(msg, msglen, "'prompt' must be a string or an array of token ids");
+      st = KVLD_INVALID_ARGUMENT;
+    }
+  }
+  if (st != KVLD_OK) goto fail;
+  kvl_sampler_params_init(&p.sampling);
+  bool has;
+  p.sampling.temperature = (float)num(j, "temperature", 1.0, NULL);
+  p.sampling.top_p = (float)num(j, "top_p", 1.0, NULL);
+  double tk = num(j, "top_k", 0, NULL);
+  p.sampling.top_k = tk < 0 ? 0 : (int)tk;
+  p.sampling.min_p = (float)num(j, "min_p", 0, NULL);
+  p.sampling.presence_penalty = (float)num(j, "presence_penalty", 0, NULL);
+  p.sampling.frequency_penalty = (float)num(j, "frequency_penalty", 0, NULL);
+  p.sampling.repetition_penalty = (float)num(j, "repetition_penalty", 1, NULL);
+  double seed = num(j, "seed", 0, &has);
+  if (has) {
+    p.sampling.seed = (uint64_t)seed;
+    p.sampling.has_seed = true;
+  }
+  double nn = num(j, "n", 1, NULL);
+  if (nn != 1) {
+    snprintf(msg, msglen, "n = %g: only one choice per request is supported so far", nn);
+    st = KVLD_INVALID_ARGUMENT;
+    goto fail;
+  }
+  double mt = num(j, "max_completion_tokens", -1, &has);
+  if (!has) mt = num(j, "max_tokens", 0, NULL);
+  if (mt < 0 || mt > 1e9) mt = 1e9;
+  p.max_tokens = (int32_t)mt;
+  json_t *bias = json_object_get(j, "logit_bias");
+  if (json_is_object(bias) && json_object_size(bias)) {
+    p.bias = calloc(json_object_size(bias), sizeof(*p.bias));
+    const char *k;
+    json_t *v;
+    int nb = 0;
+    json_object_foreach(bias, k, v) {
+      p.bias[nb].token = atoi(k);
+      p.bias[nb].bias = (float)json_number_value(v);
+      nb++;
+    }
+    p.sampling.bias = p.bias;
+    p.sampling.n_bias = nb;
+  }
+  if ((st = kvld_check_sampling(d, &p, msg, msglen)) != KVLD_OK) goto fail;
+  struct kvld_model *m = &d->models[p.model];
+  int nv = kvl_model_hparams(m->m)->n_vocab;
+  p.stop_ids = malloc(8 * sizeof(int32_t));
+  p.ignore_eos = json_is_true(json_object_get(j, "ignore_eos"));
+  if (!p.ignore_eos)
+    for (int32_t id = 0; id < nv && p.n_stop_ids < 4; id++)
+      if (kvl_tokenizer_is_eog(m->tk, id)) p.stop_ids[p.n_stop_ids++] = id;
+  json_t *stop = json_object_get(j, "stop");
+  if (json_is_string(stop) || json_is_array(stop)) {
+    size_t ns = json_is_string(stop) ? 1 : json_array_size(stop);
+    p.stops = calloc(ns + 1, sizeof(char *));
+    for (size_t i = 0; i < ns; i++) {
+      json_t *sv = json_is_string(stop) ? stop : json_array_get(stop, i);
+      if (!json_is_string(sv) || !json_string_length(sv)) {
+        snprintf(msg, msglen, "stop[%zu] must be a non-empty string", i);
+        st = KVLD_INVALID_ARGUMENT;
+        goto fail;
+      }
+      p.stops[i] = strdup(json_string_value(sv));
+    }
+  }
+  c->stream = json_is_true(json_object_get(j, "stream"));
+  c->include_usage = json_is_true(json_object_get(json_object_get(j, "stream_options"), "include_usage"));
+  snprintf(c->model, sizeof(c->model), "%s", m->name);
+  snprintf(c->id, sizeof(c->id), "%s-%llu", c->route == R_CHAT ? "chatcmpl" : "cmpl",
+           (unsigned long long)++c->h->next_id);
+  c->created = (long)time(NULL);
+  json_decref(j);
+  return kvld_req_start(d, &p, http_sink, c, &c->req, msg, msglen);
+fail:
+  kvld_gen_params_free(&p);
+  json_decref(j);
+  return st;
+}
+
+static enum MHD_Result openai(struct hconn *c, struct MHD_Connection *conn, const char *upload, size_t *upload_size) {
+  if (*upload_size) {
+    if (c->len + *upload_size > MAX_BODY) c->too_big = true;
+    else {
+      char *b = realloc(c->body, c->len + *upload_size + 1);
+      if (!b) return MHD_NO;
+      memcpy(b + c->len, upload, *upload_size);
+      c->body = b;
+      c->len += *upload_size;
+    }
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  if (!c->started) {
+    c->started = true;
+    c->conn = conn;
+    if (c->too_big) return error_json(conn, 413, "invalid_request_error", "the body is over 4 MiB");
+    char msg[512];
+    enum kvld_status st = openai_start(c, msg, sizeof(msg));
+    if (st != KVLD_OK) return error_json(conn, http_code(st), "invalid_request_error", msg);
+    if (c->stream) {
+      struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_reader, c, NULL);
+      MHD_add_response_header(r, "Content-Type", "text/event-stream");
+      MHD_add_response_header(r, "Cache-Control", "no-cache");
+      enum MHD_Result ret = MHD_queue_response(conn, 200, r);
+      MHD_destroy_response(r);
+      return ret;
+    }
+    c->suspended = true;
+    MHD_suspend_connection(conn);
+    return MHD_YES;
+  }
+  /* resumed: the non-streaming answer is ready */
+  char *body = c->out;
+  size_t len = c->out_len;
+  c->out = NULL;
+  c->out_len = c->out_cap = 0;
+  return reply(conn, c->code ? c->code : 200, "application/json", body ? body : strdup("{}"), body ? len : 2, true);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
+  (void)cls;
+  (void)conn;
+  (void)toe;
+  struct hconn *c = *con_cls;
+  *con_cls = NULL;
+  if (!c || c == (void *)-1) return;
+  if (c->req) { /* still generating: stop it; the sink frees c when the request ends */
+    c->conn_done = true;
+    kvld_req_cancel(c->req);
+    return;
+  }
+  hconn_free(c);
 }
 
 /* ---- MHD on the libuv loop ------------------------------------------------------------ */
@@ -134,7 +556,8 @@ int kvld_http_start(struct kvld *d, char *err, size_t errlen) {
   }
   h->mhd = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_SUSPEND_RESUME | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.http_port,
                             NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+                            h, MHD_OPTION_END);
   if (!h->mhd) {
     free(h);
     return kvl_errf(err, errlen, KVL_EBUSY, "http: cannot listen on %s:%d", d->cfg.listen, d->cfg.http_port);

@@ -188,6 +188,41 @@ check(mval(fam, "vllm:request_success_total", finished_reason="abort") == before
       f"cancel: request ended and its blocks freed {freed:.2f} s after the cancel")
 sent["requests"] += 1  # an aborted request counts in request_success_total{abort}
 
+# ---- the OpenAI SDK through the HTTP API --------------------------------------------------
+from openai import OpenAI, BadRequestError, AuthenticationError  # noqa: E402
+
+oai = OpenAI(base_url=f"http://127.0.0.1:{hport}/v1", api_key=TOKEN)
+msgs = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+r = oai.chat.completions.create(model="small", messages=msgs, max_tokens=16, temperature=0)
+check(r.choices[0].message.content and r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 0,
+      f"openai: chat completion with usage: {r.choices[0].message.content!r} {r.usage.completion_tokens} tokens")
+s_text, s_usage, s_fin = "", None, None
+for chunk in oai.chat.completions.create(model="auto", messages=msgs, max_tokens=16, temperature=0, stream=True,
+                                         stream_options={"include_usage": True}):
+    if chunk.choices:
+        s_text += chunk.choices[0].delta.content or ""
+        s_fin = chunk.choices[0].finish_reason or s_fin
+    if chunk.usage:
+        s_usage = chunk.usage
+check(s_text == r.choices[0].message.content and s_usage and s_usage.completion_tokens == r.usage.completion_tokens
+      and s_fin == r.choices[0].finish_reason, "openai: streamed chat (SSE) equals the unary one, usage at the end")
+c = oai.completions.create(model="large", prompt=prompt, max_tokens=8, temperature=0)
+check(c.choices[0].text and c.usage.completion_tokens == 8, f"openai: completion {c.choices[0].text!r}")
+for u in (r.usage, s_usage, c.usage):
+    sent["requests"] += 1
+    sent["prompt"] += u.prompt_tokens
+    sent["generated"] += u.completion_tokens
+try:
+    oai.completions.create(model="small", prompt="x", top_p=2)
+    check(False, "openai: top_p 2 accepted")
+except BadRequestError as e:
+    check("top_p" in str(e), "openai: top_p 2 refused with 400 naming top_p")
+try:
+    OpenAI(base_url=f"http://127.0.0.1:{hport}/v1", api_key="wrong").models.list()
+    check(False, "openai: wrong key accepted")
+except AuthenticationError:
+    check(True, "openai: wrong key refused with 401")
+
 # ---- metrics equal the traffic ------------------------------------------------------------
 fam = metrics()
 check(mval(fam, "vllm:request_success_total") == sent["requests"],
