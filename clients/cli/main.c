@@ -15,6 +15,10 @@ static const struct cmd cmds[] = {
   {"info", kvl_cli_info, "show a GGUF model's metadata and tensors"},
     {"fit", kvl_cli_fit, "fit closed-form KV translators between two models (stage 1)"},
     {"eval", kvl_cli_eval, "score translators on held-out text against native caches"},
+    {"generate", kvl_cli_generate, "stream a completion from a running kvlingod (gRPC)"},
+    {"chat", kvl_cli_chat, "interactive chat with a running kvlingod, history kept"},
+    {"models", kvl_cli_models, "list a kvlingod's models and translators"},
+    {"health", kvl_cli_health, "check a kvlingod's health (exit 0 when serving)"},
 };
 
 static void usage(FILE *f) {

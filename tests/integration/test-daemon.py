@@ -105,6 +105,12 @@ def serving():
 
 
 check(serving() and http("/health")[0] == 200, "health: SERVING over gRPC, 200 over HTTP")
+h = subprocess.run([kvlingo, "health", "-s", f"127.0.0.1:{gport}"], capture_output=True, text=True)
+check(h.returncode == 0 and "SERVING" in h.stdout, "kvlingo health: SERVING, exit 0")
+mj = subprocess.run([kvlingo, "models", "-s", f"127.0.0.1:{gport}", "--token", TOKEN, "--json"], capture_output=True,
+                    text=True)
+check(mj.returncode == 0 and [m["name"] for m in __import__("json").loads(mj.stdout)["models"]] == ["small", "large"],
+      "kvlingo models --json lists both models")
 
 # ---- greedy stream = kvlingo run --------------------------------------------------------
 sent = {"requests": 0, "prompt": 0, "generated": 0}
@@ -121,6 +127,9 @@ for model, path in (("small", small), ("large", large)):
           f"{model}: Generate streams kvlingo run's greedy text ({len(chunks)} messages): {text!r}")
     check(all(c.model == model for c in chunks) and last.finish_reason == pb.FINISH_REASON_LENGTH and
           last.usage.generated_tokens == 24 and last.usage.prompt_tokens > 0, f"{model}: model on every chunk, usage")
+    cli = subprocess.run([kvlingo, "generate", "-s", f"127.0.0.1:{gport}", "--token", TOKEN, "-m", model, "-p", prompt,
+                          "-n", "24", "--temperature", "0"], capture_output=True, text=True)
+    check(cli.returncode == 0 and cli.stdout in (text, text + "\n"), f"{model}: kvlingo generate streams the same text")
     comp = inf.Complete(req, metadata=md)
     check(comp.choices[0].text == text, f"{model}: Complete gives the same text")
     for u in (last.usage, comp.usage):
