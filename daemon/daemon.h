@@ -142,7 +142,7 @@ struct kvld {
   int grpc_port, http_port;   /* bound */
   bool serving;               /* models loaded and not draining: health SERVING */
   bool draining;
-  int in_flight;
+  int in_flight;              /* generation requests from start until their answer is out */
   uint64_t next_request;
   double t_start;
   uv_signal_t sig_term, sig_int;
@@ -246,6 +246,10 @@ const char *kvld_finish_name(enum kvld_finish f); /* "stop", "length", "abort", 
 int kvld_grpc_start(struct kvld *d, char *err, size_t errlen);
 /* Stop accepting calls; in-flight calls continue (drain). */
 void kvld_grpc_shutdown(struct kvld *d, void (*done)(struct kvld *d));
+/* Calls being answered now (the drain waits for them). */
+int kvld_grpc_active(const struct kvld *d);
+/* HTTP requests being answered now. */
+int kvld_http_active(const struct kvld *d);
 int kvld_http_start(struct kvld *d, char *err, size_t errlen);
 void kvld_http_stop(struct kvld *d);
 

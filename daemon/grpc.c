@@ -52,6 +52,9 @@ struct kvld_grpc {
   struct tag t_shutdown;
   void (*shutdown_cb)(struct kvld *d);
   int live_calls;
+  int active;               /* calls started and not yet freed */
+  uv_timer_t grace;         /* after shutdown_and_notify: then cancel what is left */
+  bool grace_on;
 };
 
 struct call {
@@ -743,6 +746,7 @@ static void call_maybe_free(struct call *c) {
   free(c->acc_lps);
   free(c);
   g->live_calls--;
+  g->active--;
 }
 
 static void on_close(struct call *c, int ok) {
@@ -780,6 +784,7 @@ static void on_new(struct call *c, int ok) {
   }
   if (!g->shutdown) request_call(g, c->m);
   c->started = true;
+  g->active++;
   grpc_op op;
   memset(&op, 0, sizeof(op));
   op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -886,9 +891,16 @@ static void on_async_closed(uv_handle_t *h) {
   if (cb) cb(d);
 }
 
+static void on_grace_closed(uv_handle_t *h) { (void)h; }
+
 static void on_server_shutdown(struct call *c, int ok) {
   (void)ok;
   struct kvld_grpc *g = (struct kvld_grpc *)c;
+  if (g->grace_on) {
+    uv_timer_stop(&g->grace);
+    uv_close((uv_handle_t *)&g->grace, on_grace_closed);
+    g->grace_on = false;
+  }
   /* every call is over (cancel_all_calls ran): stop the poller */
   grpc_server_destroy(g->server);
   grpc_completion_queue_shutdown(g->cq);
@@ -897,6 +909,12 @@ static void on_server_shutdown(struct call *c, int ok) {
   on_async(&g->async);
   grpc_completion_queue_destroy(g->cq);
   uv_close((uv_handle_t *)&g->async, on_async_closed);
+}
+
+static void on_grace(uv_timer_t *t) {
+  struct kvld_grpc *g = t->data;
+  kvld_log(KVLD_WARN, "grpc_cancel_remaining", "\"calls\":%d", g->active);
+  grpc_server_cancel_all_calls(g->server);
 }
 
 /* Stop listening; calls in flight are cancelled (the caller waited the drain period). */
@@ -908,5 +926,12 @@ void kvld_grpc_shutdown(struct kvld *d, void (*done)(struct kvld *d)) {
   g->t_shutdown.fn = on_server_shutdown;
   g->t_shutdown.c = (struct call *)g;
   grpc_server_shutdown_and_notify(g->server, g->cq, &g->t_shutdown);
-  grpc_server_cancel_all_calls(g->server);
+  /* calls still open get a moment to finish (the drain waited for our side of them; the
+   * transport may still be flushing), then whatever is left is cancelled */
+  uv_timer_init(d->loop, &g->grace);
+  g->grace.data = g;
+  g->grace_on = true;
+  uv_timer_start(&g->grace, on_grace, 2000, 0);
 }
+
+int kvld_grpc_active(const struct kvld *d) { return d->grpc ? d->grpc->active : 0; }

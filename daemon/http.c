@@ -24,6 +24,7 @@ struct kvld_http {
   uv_timer_t timer;
   int closing;
   uint64_t next_id;
+  int active;          /* OpenAI requests being answered */
 };
 
 #define MAX_BODY (4 << 20)
@@ -99,6 +100,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
       c->h = h;
       c->route = rt;
       *con_cls = c;
+      h->active++;
     } else
       *con_cls = (void *)-1;
     return MHD_YES;
@@ -512,6 +514,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   struct hconn *c = *con_cls;
   *con_cls = NULL;
   if (!c || c == (void *)-1) return;
+  c->h->active--;
   if (c->req) { /* still generating: stop it; the sink frees c when the request ends */
     c->conn_done = true;
     kvld_req_cancel(c->req);
@@ -591,3 +594,5 @@ void kvld_http_stop(struct kvld *d) {
   uv_close((uv_handle_t *)&h->poll, on_closed);
   uv_close((uv_handle_t *)&h->timer, on_closed);
 }
+
+int kvld_http_active(const struct kvld *d) { return d->http ? d->http->active : 0; }

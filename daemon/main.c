@@ -131,9 +131,11 @@ static void on_drain_tick(uv_timer_t *t) {
   struct kvld *d = t->data;
   static double t0 = 0;
   if (t0 == 0) t0 = kvld_now();
-  if (d->in_flight > 0 && kvld_now() - t0 < d->cfg.drain_s) return;
+  int busy = d->in_flight + kvld_grpc_active(d) + kvld_http_active(d);
+  if (busy > 0 && kvld_now() - t0 < d->cfg.drain_s) return;
   uv_timer_stop(t);
-  kvld_log(KVLD_INFO, "drained", "\"in_flight\":%d,\"seconds\":%.2f", d->in_flight, kvld_now() - t0);
+  kvld_log(KVLD_INFO, "drained", "\"in_flight\":%d,\"grpc_calls\":%d,\"http_requests\":%d,\"seconds\":%.2f",
+           d->in_flight, kvld_grpc_active(d), kvld_http_active(d), kvld_now() - t0);
   kvld_grpc_shutdown(d, on_grpc_down);
 }
 

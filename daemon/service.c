@@ -190,7 +190,11 @@ static void on_event(void *ud, const struct kvl_engine_event *ev) {
     r->generated++;
     char *out = NULL;
     size_t len = 0;
-    enum kvl_finish f = kvl_detok_push(r->detok, ev->tok.token, &out, &len);
+    /* with ignore_eos an end token is generated like any other (its text is a special,
+     * never emitted): keep it away from the detokenizer, which would end the text */
+    enum kvl_finish f = r->p.ignore_eos && kvl_tokenizer_is_eog(m->tk, ev->tok.token)
+                            ? KVL_FINISH_NONE
+                            : kvl_detok_push(r->detok, ev->tok.token, &out, &len);
     append_text(r, out, len);
     free(out);
     bool eog = f == KVL_FINISH_STOP;
@@ -228,7 +232,6 @@ static void on_event(void *ud, const struct kvl_engine_event *ev) {
     }
     r->usage.generated = r->generated;
     r->done = true;
-    r->d->in_flight--;
     finish_metrics(r);
   }
   r->sink(r, r->sink_ud);
@@ -301,6 +304,7 @@ void kvld_req_take(struct kvld_req *r, char **text, size_t *len, int32_t **ids, 
 
 void kvld_req_release(struct kvld_req *r) {
   if (!r) return;
+  r->d->in_flight--; /* counted from start to here: the drain waits for the answer to go out */
   kvl_detok_free(r->detok);
   kvld_gen_params_free(&r->p);
   free(r->text);

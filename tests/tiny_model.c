@@ -61,6 +61,8 @@ static void tensor(struct gen *g, const char *name, uint32_t type, int64_t cols,
   free(x);
 }
 
+static int tokenizer_meta(kvl_gguf_writer_t *w, int n_vocab);
+
 int tiny_qwen2(const struct tiny_opts *o, void **buf, size_t *len) {
   struct gen g = {kvl_gguf_writer_new(), o, o->seed ? o->seed : 12345, 0};
   if (!g.w) return KVL_ENOMEM;
@@ -102,6 +104,14 @@ int tiny_qwen2(const struct tiny_opts *o, void **buf, size_t *len) {
     T("ffn_down.weight", i % 2 ? KVL_TYPE_Q6_K : KVL_TYPE_Q4_K, F, E, 0.1f);
 #undef T
   }
+  if (o->tokenizer && !g.rc) {
+    g.rc = tokenizer_meta(g.w, V);
+    if (!g.rc)
+      g.rc = kvl_gguf_set_str(g.w, "tokenizer.chat_template",
+                              "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
+                              "message['content'] + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
+                              "{{ '<|im_start|>assistant\n' }}{% endif %}");
+  }
   int rc = g.rc ? g.rc : kvl_gguf_writer_to_mem(g.w, buf, len);
   kvl_gguf_writer_free(g.w);
   return rc;
@@ -127,8 +137,10 @@ static void byte_char(int b, char out[4]) {
   out[cp_utf8(cp, out)] = 0;
 }
 
-int tiny_tokenizer_meta(void *writer) {
-  kvl_gguf_writer_t *w = writer;
+int tiny_tokenizer_meta(void *writer) { return tokenizer_meta(writer, 0); }
+
+/* The tiny vocabulary, padded with control tokens <|pad_N|> to n_vocab entries (0: none). */
+static int tokenizer_meta(kvl_gguf_writer_t *w, int n_vocab) {
   enum { NB = 256 };
   static const char *const merges[][2] = {
     {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"\xc4\xa0", "w"}, {"o", "r"}, {"\xc4\xa0w", "or"},
@@ -140,9 +152,16 @@ int tiny_tokenizer_meta(void *writer) {
   };
   enum { NM = sizeof(merges) / sizeof(merges[0]) };
   static const char *const specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
-  const char *toks[NB + NM + 3];
-  char store[NB + NM][64];
-  int32_t types[NB + NM + 3];
+  enum { NT = NB + NM + 3, MAXV = 512 };
+  const char *toks[MAXV];
+  char store[NB + NM][64], pads[MAXV - NT][24];
+  int32_t types[MAXV];
+  int nt = NT;
+  for (; nt < n_vocab && nt < MAXV; nt++) {
+    snprintf(pads[nt - NT], sizeof(pads[0]), "<|pad_%d|>", nt - NT);
+    toks[nt] = pads[nt - NT];
+    types[nt] = 3;
+  }
   for (int b = 0; b < NB; b++) { byte_char(b, store[b]); toks[b] = store[b]; types[b] = 1; }
   char mstore[NM][64];
   const char *mm[NM];
@@ -156,8 +175,8 @@ int tiny_tokenizer_meta(void *writer) {
   for (int i = 0; i < 3; i++) { toks[NB + NM + i] = specials[i]; types[NB + NM + i] = 3; }
   int rc = kvl_gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
   if (!rc) rc = kvl_gguf_set_str(w, "tokenizer.ggml.pre", "qwen2");
-  if (!rc) rc = kvl_gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, NB + NM + 3);
-  if (!rc) rc = kvl_gguf_set_arr(w, "tokenizer.ggml.token_type", KVL_GGUF_I32, types, NB + NM + 3);
+  if (!rc) rc = kvl_gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, (uint64_t)nt);
+  if (!rc) rc = kvl_gguf_set_arr(w, "tokenizer.ggml.token_type", KVL_GGUF_I32, types, (uint64_t)nt);
   if (!rc) rc = kvl_gguf_set_arr_str(w, "tokenizer.ggml.merges", mm, NM);
   if (!rc) rc = kvl_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", NB + NM + 2);
   if (!rc) rc = kvl_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", NB + NM);

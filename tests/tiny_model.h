@@ -12,6 +12,7 @@ struct tiny_opts {
   const char *bad_shape;   /* write this tensor with one row too many */
   int n_layer;             /* default 2 */
   int tied;                /* no output.weight */
+  int tokenizer;           /* add the tiny vocabulary (padded to the model's 300) and a ChatML template */
   uint64_t seed;
 };
 
