@@ -15,6 +15,7 @@
 #include <uv.h>
 
 #include "kvl_engine.h"
+#include "kvl_sched.h"
 #include "kvl_model.h"
 #include "kvl_template.h"
 #include "kvl_tokenizer.h"
@@ -118,6 +119,9 @@ struct kvld_model {
   int32_t max_model_len;
   char kv_dtype[8];
   struct kvld_model_metrics mx;
+  bool active;                /* in the scheduler and resolvable by name */
+  bool unloading;             /* name no longer resolves; waiting for its requests */
+  bool reserved;              /* a load in progress owns this slot */
 };
 
 struct kvld_translator {
@@ -150,8 +154,29 @@ struct kvld {
 };
 
 double kvld_now(void);
-/* Model index by name; "auto" and "" give the default model. -1 when unknown. */
+/* Model index by name; "auto" and "" give the default model. -1 when unknown (or
+ * loading, or unloading). */
 int kvld_model_find(const struct kvld *d, const char *name);
+/* Slot i holds a model that serves requests. */
+bool kvld_model_live(const struct kvld *d, int i);
+
+/* ---- models (main.c) and their administration (admin.c) ------------------------------- */
+
+void kvld_model_cfg_default(struct kvld_model_cfg *c);
+/* Open the file, tokenizer and template into m (no loop or engine state: runs on a worker
+ * thread). On failure m holds nothing. */
+int kvld_model_open(struct kvld_model *m, const struct kvld_model_cfg *c, char *err, size_t errlen);
+void kvld_model_sched_cfg(const struct kvld_model *m, const struct kvld_model_cfg *c, struct kvl_sched_model *sm);
+void kvld_model_close(struct kvld_model *m);
+
+/* The answer of an admin operation (loop thread); m is the model loaded, or NULL. */
+typedef void (*kvld_admin_reply)(void *ctx, int status, const char *msg, struct kvld_model *m);
+void kvld_admin_load_model(struct kvld *d, const char *name, const char *path, kvld_admin_reply reply, void *ctx);
+void kvld_admin_unload_model(struct kvld *d, const char *name, kvld_admin_reply reply, void *ctx);
+/* Load a translator and attach it to the two live models it fits (the newer of two for the
+ * same pair serves). Its index, or a negative code with a message. */
+int kvld_translator_add(struct kvld *d, const char *path, char *err, size_t errlen);
+int kvld_translator_remove(struct kvld *d, const char *source, const char *target, char *err, size_t errlen);
 
 /* ---- requests (service.c), shared by the gRPC and HTTP front ends -------------------- */
 

@@ -69,6 +69,7 @@ struct call {
   int cancelled;             /* RECV_CLOSE_ON_SERVER result */
   int pending;               /* batches in flight */
   bool started, md_sent, send_busy, final_sent, status_sent, closed;
+  bool admin_busy;           /* an admin operation will answer later */
   grpc_byte_buffer *out;
   struct kvld_req *req;
   uv_timer_t deadline_timer;
@@ -511,6 +512,116 @@ static enum kvld_status gen_from_pb(struct kvld *d, const Kvlingo__V1__GenerateR
 
 /* ---- method handlers -------------------------------------------------------------------- */
 
+static void model_info(const struct kvld_model *m, Kvlingo__V1__ModelInfo *mi) {
+  const struct kvl_model_hparams *hp = kvl_model_hparams(m->m);
+  kvlingo__v1__model_info__init(mi);
+  mi->name = (char *)m->name;
+  mi->architecture = (char *)hp->arch;
+  mi->n_layer = (uint32_t)hp->n_layer;
+  mi->n_vocab = (uint32_t)hp->n_vocab;
+  mi->max_model_len = (uint32_t)m->max_model_len;
+  mi->file = (char *)m->path;
+  mi->kv_dtype = (char *)m->kv_dtype;
+}
+
+static void translator_info(const struct kvld *d, const struct kvld_translator *t, Kvlingo__V1__TranslatorInfo *ti) {
+  struct kvl_translator_map km;
+  kvl_translator_get_map(t->t, 0, KVL_TRANSLATOR_K, &km);
+  kvlingo__v1__translator_info__init(ti);
+  ti->source = (char *)d->models[t->src].name;
+  ti->target = (char *)d->models[t->dst].name;
+  ti->file = (char *)t->path;
+  ti->nu = (uint32_t)km.nu;
+  ti->affine = kvl_translator_affine(t->t);
+  ti->fit_json = (char *)(kvl_translator_fit_json(t->t) ? kvl_translator_fit_json(t->t) : "");
+  ti->scores_json = (char *)(kvl_translator_scores_json(t->t) ? kvl_translator_scores_json(t->t) : "");
+}
+
+/* An admin operation finished (loop thread): answer unless the client left. */
+static void admin_reply(void *ctx, int status, const char *msg, struct kvld_model *m) {
+  struct call *c = ctx;
+  c->admin_busy = false;
+  if (!c->cancelled) {
+    if (status == KVLD_OK && c->m == M_LOAD_MODEL && m) {
+      Kvlingo__V1__LoadModelResponse r = KVLINGO__V1__LOAD_MODEL_RESPONSE__INIT;
+      Kvlingo__V1__ModelInfo mi;
+      model_info(m, &mi);
+      r.model = &mi;
+      send_status(c, KVLD_OK, NULL, &r.base);
+    } else if (status == KVLD_OK) {
+      Kvlingo__V1__UnloadModelResponse r = KVLINGO__V1__UNLOAD_MODEL_RESPONSE__INIT;
+      send_status(c, KVLD_OK, NULL, &r.base);
+    } else
+      send_status(c, (enum kvld_status)status, msg, NULL);
+  }
+  call_maybe_free(c);
+}
+
+static void handle_admin(struct call *c, const uint8_t *buf, size_t len) {
+  struct kvld *d = c->g->d;
+  char msg[600];
+  switch (c->m) {
+  case M_LOAD_MODEL: {
+    Kvlingo__V1__LoadModelRequest *q = kvlingo__v1__load_model_request__unpack(NULL, len, buf);
+    if (!q) {
+      send_status(c, KVLD_INVALID_ARGUMENT, "malformed LoadModelRequest", NULL);
+      return;
+    }
+    c->admin_busy = true;
+    kvld_admin_load_model(d, q->name, q->path, admin_reply, c);
+    kvlingo__v1__load_model_request__free_unpacked(q, NULL);
+    return;
+  }
+  case M_UNLOAD_MODEL: {
+    Kvlingo__V1__UnloadModelRequest *q = kvlingo__v1__unload_model_request__unpack(NULL, len, buf);
+    if (!q) {
+      send_status(c, KVLD_INVALID_ARGUMENT, "malformed UnloadModelRequest", NULL);
+      return;
+    }
+    c->admin_busy = true;
+    kvld_admin_unload_model(d, q->name, admin_reply, c);
+    kvlingo__v1__unload_model_request__free_unpacked(q, NULL);
+    return;
+  }
+  case M_LOAD_TRANSLATOR: {
+    Kvlingo__V1__LoadTranslatorRequest *q = kvlingo__v1__load_translator_request__unpack(NULL, len, buf);
+    if (!q) {
+      send_status(c, KVLD_INVALID_ARGUMENT, "malformed LoadTranslatorRequest", NULL);
+      return;
+    }
+    int i = kvld_translator_add(d, q->path, msg, sizeof(msg));
+    if (i < 0)
+      send_status(c, i == KVL_EMISMATCH ? KVLD_FAILED_PRECONDITION : KVLD_INVALID_ARGUMENT, msg, NULL);
+    else {
+      Kvlingo__V1__LoadTranslatorResponse r = KVLINGO__V1__LOAD_TRANSLATOR_RESPONSE__INIT;
+      Kvlingo__V1__TranslatorInfo ti;
+      translator_info(d, &d->translators[i], &ti);
+      r.translator = &ti;
+      send_status(c, KVLD_OK, NULL, &r.base);
+    }
+    kvlingo__v1__load_translator_request__free_unpacked(q, NULL);
+    return;
+  }
+  case M_UNLOAD_TRANSLATOR: {
+    Kvlingo__V1__UnloadTranslatorRequest *q = kvlingo__v1__unload_translator_request__unpack(NULL, len, buf);
+    if (!q) {
+      send_status(c, KVLD_INVALID_ARGUMENT, "malformed UnloadTranslatorRequest", NULL);
+      return;
+    }
+    if (kvld_translator_remove(d, q->source, q->target, msg, sizeof(msg)) < 0)
+      send_status(c, KVLD_NOT_FOUND, msg, NULL);
+    else {
+      Kvlingo__V1__UnloadTranslatorResponse r = KVLINGO__V1__UNLOAD_TRANSLATOR_RESPONSE__INIT;
+      send_status(c, KVLD_OK, NULL, &r.base);
+    }
+    kvlingo__v1__unload_translator_request__free_unpacked(q, NULL);
+    return;
+  }
+  default:
+    send_status(c, KVLD_UNIMPLEMENTED, "not an admin method", NULL);
+  }
+}
+
 static void handle(struct call *c) {
   struct kvld *d = c->g->d;
   char msg[512] = "";
@@ -535,10 +646,16 @@ static void handle(struct call *c) {
     else if (!token_ok(&c->md, "authorization", d->cfg.admin_token))
       send_status(c, KVLD_PERMISSION_DENIED, "admin calls need the admin token (metadata 'authorization: Bearer ...')",
                   NULL);
-    else
-      send_status(c, KVLD_UNIMPLEMENTED,
-                  "loading and unloading at run time is not implemented yet: restart with another configuration",
-                  NULL);
+    else {
+      uint8_t *adata;
+      size_t alen;
+      if (!read_payload(c, &adata, &alen)) {
+        send_status(c, KVLD_INTERNAL, "could not read the request", NULL);
+        return;
+      }
+      handle_admin(c, adata ? adata : (const uint8_t *)"", alen);
+      free(adata);
+    }
     return;
   }
   uint8_t *data;
@@ -663,33 +780,18 @@ static void handle(struct call *c) {
     Kvlingo__V1__ListModelsResponse r = KVLINGO__V1__LIST_MODELS_RESPONSE__INIT;
     Kvlingo__V1__ModelInfo mi[KVLD_MAX_MODELS], *mp[KVLD_MAX_MODELS];
     Kvlingo__V1__TranslatorInfo ti[KVLD_MAX_TRANSLATORS], *tp[KVLD_MAX_TRANSLATORS];
+    size_t nm = 0;
     for (int i = 0; i < d->n_models; i++) {
-      const struct kvl_model_hparams *hp = kvl_model_hparams(d->models[i].m);
-      kvlingo__v1__model_info__init(&mi[i]);
-      mi[i].name = d->models[i].name;
-      mi[i].architecture = (char *)hp->arch;
-      mi[i].n_layer = (uint32_t)hp->n_layer;
-      mi[i].n_vocab = (uint32_t)hp->n_vocab;
-      mi[i].max_model_len = (uint32_t)d->models[i].max_model_len;
-      mi[i].file = d->models[i].path;
-      mi[i].kv_dtype = d->models[i].kv_dtype;
-      mp[i] = &mi[i];
+      if (!kvld_model_live(d, i)) continue;
+      model_info(&d->models[i], &mi[nm]);
+      mp[nm] = &mi[nm];
+      nm++;
     }
     for (int i = 0; i < d->n_translators; i++) {
-      const struct kvld_translator *t = &d->translators[i];
-      struct kvl_translator_map km;
-      kvl_translator_get_map(t->t, 0, KVL_TRANSLATOR_K, &km);
-      kvlingo__v1__translator_info__init(&ti[i]);
-      ti[i].source = d->models[t->src].name;
-      ti[i].target = d->models[t->dst].name;
-      ti[i].file = (char *)t->path;
-      ti[i].nu = (uint32_t)km.nu;
-      ti[i].affine = kvl_translator_affine(t->t);
-      ti[i].fit_json = (char *)(kvl_translator_fit_json(t->t) ? kvl_translator_fit_json(t->t) : "");
-      ti[i].scores_json = (char *)(kvl_translator_scores_json(t->t) ? kvl_translator_scores_json(t->t) : "");
+      translator_info(d, &d->translators[i], &ti[i]);
       tp[i] = &ti[i];
     }
-    r.n_models = (size_t)d->n_models;
+    r.n_models = nm;
     r.models = mp;
     r.n_translators = (size_t)d->n_translators;
     r.translators = tp;
@@ -699,17 +801,23 @@ static void handle(struct call *c) {
   case M_SERVER_INFO: {
     Kvlingo__V1__ServerInfoResponse r = KVLINGO__V1__SERVER_INFO_RESPONSE__INIT;
     Kvlingo__V1__ModelStats ms[KVLD_MAX_MODELS], *mp[KVLD_MAX_MODELS];
+    size_t nm = 0;
     for (int i = 0; i < d->n_models; i++) {
-      kvlingo__v1__model_stats__init(&ms[i]);
-      ms[i].name = d->models[i].name;
-      ms[i].running = (uint32_t)d->models[i].mx.running;
-      ms[i].waiting = (uint32_t)d->models[i].mx.waiting;
-      mp[i] = &ms[i];
+      if (!kvld_model_live(d, i)) continue;
+      struct kvl_sched_model_stats st = {0};
+      kvl_engine_model_stats(d->engine, d->models[i].sched_id, &st);
+      kvlingo__v1__model_stats__init(&ms[nm]);
+      ms[nm].name = d->models[i].name;
+      ms[nm].running = (uint32_t)st.running;
+      ms[nm].waiting = (uint32_t)st.waiting;
+      ms[nm].kv_cache_usage = st.kv_usage;
+      mp[nm] = &ms[nm];
+      nm++;
     }
     r.version = KVLD_VERSION;
     r.backend = (char *)kvl_backend_name(kvl_backend_cpu());
     r.uptime_seconds = kvld_now() - d->t_start;
-    r.n_models = (size_t)d->n_models;
+    r.n_models = nm;
     r.models = mp;
     send_status(c, KVLD_OK, NULL, &r.base);
     break;
@@ -729,7 +837,7 @@ static void deadline_closed(uv_handle_t *h) {
 }
 
 static void call_maybe_free(struct call *c) {
-  if (!c->started || c->pending > 0 || !c->closed || c->req) return;
+  if (!c->started || c->pending > 0 || !c->closed || c->req || c->admin_busy) return;
   if (c->timer_on) {
     if (!uv_is_closing((uv_handle_t *)&c->deadline_timer)) uv_close((uv_handle_t *)&c->deadline_timer, deadline_closed);
     return;

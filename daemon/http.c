@@ -135,6 +135,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (!get) return error_json(conn, 405, "invalid_request_error", "use GET /v1/models");
     json_t *data = json_array();
     for (int i = 0; i < d->n_models; i++)
+      if (kvld_model_live(d, i))
       json_array_append_new(data, json_pack("{s:s,s:s,s:i,s:s,s:i}", "id", d->models[i].name, "object", "model",
                                             "created", 0, "owned_by", "kvlingo", "max_model_len",
                                             d->models[i].max_model_len));

@@ -45,66 +45,81 @@ static void usage(FILE *f) {
 
 /* ---- models ------------------------------------------------------------------------- */
 
+void kvld_model_cfg_default(struct kvld_model_cfg *c) {
+  memset(c, 0, sizeof(*c));
+  snprintf(c->kv_dtype, sizeof(c->kv_dtype), "bf16");
+  c->hot_bytes = 1024ll << 20;
+  c->cold_bytes = 2048ll << 20;
+  c->max_model_len = 8192;
+}
+
+int kvld_model_open(struct kvld_model *m, const struct kvld_model_cfg *mc, char *err, size_t errlen) {
+  char *path = kvl_model_resolve(mc->path);
+  if (!path) return kvl_errf(err, errlen, KVL_ENOENT, "model '%s': %s not found (scripts/fetch-models)", mc->name, mc->path);
+  snprintf(m->path, sizeof(m->path), "%s", path);
+  free(path);
+  snprintf(m->name, sizeof(m->name), "%s", mc->name);
+  snprintf(m->kv_dtype, sizeof(m->kv_dtype), "%s", mc->kv_dtype);
+  int rc = kvl_model_open(m->path, &m->m, err, errlen);
+  if (rc == 0) rc = kvl_tokenizer_from_gguf(kvl_model_gguf(m->m), &m->tk, err, errlen);
+  if (rc < 0) {
+    kvld_model_close(m);
+    return rc;
+  }
+  const char *tsrc;
+  char terr[256];
+  if (kvl_gguf_get_str(kvl_model_gguf(m->m), "tokenizer.chat_template", &tsrc) == 0 &&
+      kvl_template_parse(tsrc, &m->tmpl, terr, sizeof(terr)) < 0)
+    m->tmpl = NULL; /* chat input will be refused for this model */
+  const struct kvl_model_hparams *hp = kvl_model_hparams(m->m);
+  m->max_model_len = mc->max_model_len < hp->n_ctx_train ? mc->max_model_len : hp->n_ctx_train;
+  kvld_hist_init(&m->mx.ttft, kvld_ttft_buckets, kvld_n_ttft_buckets);
+  kvld_hist_init(&m->mx.itl, kvld_itl_buckets, kvld_n_itl_buckets);
+  kvld_hist_init(&m->mx.e2e, kvld_e2e_buckets, kvld_n_e2e_buckets);
+  kvld_hist_init(&m->mx.queue, kvld_e2e_buckets, kvld_n_e2e_buckets);
+  return 0;
+}
+
+void kvld_model_sched_cfg(const struct kvld_model *m, const struct kvld_model_cfg *mc, struct kvl_sched_model *sm) {
+  memset(sm, 0, sizeof(*sm));
+  sm->name = m->name;
+  sm->model = m->m;
+  sm->backend = kvl_backend_cpu();
+  sm->max_model_len = m->max_model_len;
+  sm->pool.layout = kvl_model_kv_layout(m->m, !strcmp(mc->kv_dtype, "f32") ? KVL_KV_F32 : KVL_KV_BF16);
+  sm->pool.hot_bytes = (size_t)mc->hot_bytes;
+  sm->pool.cold_bytes = (size_t)mc->cold_bytes;
+}
+
+void kvld_model_close(struct kvld_model *m) {
+  kvl_template_free(m->tmpl);
+  kvl_tokenizer_free(m->tk);
+  kvl_model_free(m->m);
+  m->tmpl = NULL;
+  m->tk = NULL;
+  m->m = NULL;
+}
+
 static int load_models(struct kvld *d, kvl_sched_t *s, char *err, size_t errlen) {
   for (int i = 0; i < d->cfg.n_models; i++) {
-    const struct kvld_model_cfg *mc = &d->cfg.models[i];
     struct kvld_model *m = &d->models[i];
-    char *path = kvl_model_resolve(mc->path);
-    if (!path) return kvl_errf(err, errlen, KVL_ENOENT, "model '%s': %s not found (scripts/fetch-models)", mc->name, mc->path);
-    snprintf(m->path, sizeof(m->path), "%s", path);
-    free(path);
-    snprintf(m->name, sizeof(m->name), "%s", mc->name);
-    snprintf(m->kv_dtype, sizeof(m->kv_dtype), "%s", mc->kv_dtype);
-    int rc = kvl_model_open(m->path, &m->m, err, errlen);
-    if (rc == 0) rc = kvl_tokenizer_from_gguf(kvl_model_gguf(m->m), &m->tk, err, errlen);
+    int rc = kvld_model_open(m, &d->cfg.models[i], err, errlen);
     if (rc < 0) return rc;
-    const char *tsrc;
-    if (kvl_gguf_get_str(kvl_model_gguf(m->m), "tokenizer.chat_template", &tsrc) == 0 &&
-        kvl_template_parse(tsrc, &m->tmpl, err, errlen) < 0)
-      m->tmpl = NULL; /* chat input will be refused for this model */
-    const struct kvl_model_hparams *hp = kvl_model_hparams(m->m);
-    m->max_model_len = mc->max_model_len < hp->n_ctx_train ? mc->max_model_len : hp->n_ctx_train;
-    struct kvl_sched_model sm = {.name = m->name, .model = m->m, .backend = kvl_backend_cpu(),
-                                 .max_model_len = m->max_model_len};
-    sm.pool.layout = kvl_model_kv_layout(m->m, !strcmp(mc->kv_dtype, "f32") ? KVL_KV_F32 : KVL_KV_BF16);
-    sm.pool.hot_bytes = (size_t)mc->hot_bytes;
-    sm.pool.cold_bytes = (size_t)mc->cold_bytes;
+    struct kvl_sched_model sm;
+    kvld_model_sched_cfg(m, &d->cfg.models[i], &sm);
     if ((rc = kvl_sched_add_model(s, &sm, &m->sched_id, err, errlen)) < 0) return rc;
-    kvld_hist_init(&m->mx.ttft, kvld_ttft_buckets, kvld_n_ttft_buckets);
-    kvld_hist_init(&m->mx.itl, kvld_itl_buckets, kvld_n_itl_buckets);
-    kvld_hist_init(&m->mx.e2e, kvld_e2e_buckets, kvld_n_e2e_buckets);
-    kvld_hist_init(&m->mx.queue, kvld_e2e_buckets, kvld_n_e2e_buckets);
+    m->active = true;
     d->n_models++;
     kvld_log(KVLD_INFO, "model_loaded", "\"model\":\"%s\",\"file\":\"%s\",\"layers\":%d,\"kv_dtype\":\"%s\"", m->name,
-             m->path, hp->n_layer, m->kv_dtype);
+             m->path, kvl_model_hparams(m->m)->n_layer, m->kv_dtype);
   }
   return 0;
 }
 
 static int load_translators(struct kvld *d, char *err, size_t errlen) {
   for (int i = 0; i < d->cfg.n_translators; i++) {
-    struct kvld_translator *t = &d->translators[d->n_translators];
-    snprintf(t->path, sizeof(t->path), "%s", d->cfg.translators[i]);
-    int rc = kvl_translator_load(t->path, &t->t, err, errlen);
+    int rc = kvld_translator_add(d, d->cfg.translators[i], err, errlen);
     if (rc < 0) return rc;
-    t->src = t->dst = -1;
-    struct kvl_model_fingerprint fp[KVLD_MAX_MODELS];
-    for (int k = 0; k < d->n_models; k++) kvl_fingerprint_from_gguf(kvl_model_gguf(d->models[k].m), &fp[k], err, errlen);
-    for (int a = 0; a < d->n_models && t->src < 0; a++)
-      for (int b = 0; b < d->n_models && t->src < 0; b++)
-        if (a != b && kvl_translator_check_models(t->t, &fp[a], &fp[b], err, errlen) == 0) {
-          t->src = a;
-          t->dst = b;
-        }
-    if (t->src < 0) {
-      char e2[300];
-      snprintf(e2, sizeof(e2), "%.299s", err);
-      kvl_translator_free(t->t);
-      return kvl_errf(err, errlen, KVL_EMISMATCH, "translator %s fits no pair of the resident models (%s)", t->path, e2);
-    }
-    d->n_translators++;
-    kvld_log(KVLD_INFO, "translator_loaded", "\"file\":\"%s\",\"source\":\"%s\",\"target\":\"%s\"", t->path,
-             d->models[t->src].name, d->models[t->dst].name);
   }
   return 0;
 }
@@ -202,9 +217,9 @@ int main(int argc, char **argv) {
       snprintf(m->name, sizeof(m->name), "%.*s", (int)(eq - optarg), optarg);
       snprintf(m->path, sizeof(m->path), "%s", eq + 1);
       snprintf(m->kv_dtype, sizeof(m->kv_dtype), "bf16");
-      m->hot_bytes = 1024ll << 20;
-      m->cold_bytes = 2048ll << 20;
-      m->max_model_len = 8192;
+      kvld_model_cfg_default(m);
+      snprintf(m->name, sizeof(m->name), "%.*s", (int)(eq - optarg), optarg);
+      snprintf(m->path, sizeof(m->path), "%s", eq + 1);
       if (d.cfg.n_models == 1) snprintf(d.cfg.default_model, sizeof(d.cfg.default_model), "%s", m->name);
       break;
     }
@@ -260,11 +275,7 @@ int main(int argc, char **argv) {
            d.grpc_port, http, d.n_models, d.n_translators);
   uv_run(d.loop, UV_RUN_DEFAULT);
   for (int i = 0; i < d.n_translators; i++) kvl_translator_free(d.translators[i].t);
-  for (int i = 0; i < d.n_models; i++) {
-    kvl_template_free(d.models[i].tmpl);
-    kvl_tokenizer_free(d.models[i].tk);
-    kvl_model_free(d.models[i].m);
-  }
+  for (int i = 0; i < d.n_models; i++) kvld_model_close(&d.models[i]);
   uv_loop_close(d.loop);
   return 0;
 }

@@ -64,6 +64,7 @@ static void head(struct buf *b, const char *name, const char *type, const char *
 static void hist(struct buf *b, const struct kvld *d, const char *name, const char *help, size_t off) {
   head(b, name, "histogram", help);
   for (int i = 0; i < d->n_models; i++) {
+    if (!d->models[i].active) continue;
     const struct kvld_hist *h = (const struct kvld_hist *)((const char *)&d->models[i].mx + off);
     uint64_t cum = 0;
     for (int k = 0; k < h->n; k++) {
@@ -80,6 +81,7 @@ static void hist(struct buf *b, const struct kvld *d, const char *name, const ch
 
 #define EACH_MODEL_U64(series, field)                                                                          \
   for (int i = 0; i < d->n_models; i++)                                                                        \
+    if (d->models[i].active)                                                                                   \
   put(&b, "%s{model_name=\"%s\"} %llu\n", series, d->models[i].name, (unsigned long long)d->models[i].mx.field)
 
 char *kvld_metrics_render(const struct kvld *d) {
@@ -91,7 +93,7 @@ char *kvld_metrics_render(const struct kvld *d) {
   struct kvl_sched_model_stats st[KVLD_MAX_MODELS];
   for (int i = 0; i < d->n_models; i++) {
     memset(&st[i], 0, sizeof(st[i]));
-    if (d->engine) kvl_engine_model_stats(d->engine, d->models[i].sched_id, &st[i]);
+    if (d->engine && d->models[i].active) kvl_engine_model_stats(d->engine, d->models[i].sched_id, &st[i]);
     int seen = st[i].running + st[i].waiting, live = d->models[i].mx.running;
     if (live > seen) st[i].waiting += live - seen;
     if (live < seen) { /* finished since the snapshot */
@@ -102,12 +104,13 @@ char *kvld_metrics_render(const struct kvld *d) {
   }
   head(&b, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.");
   for (int i = 0; i < d->n_models; i++)
-    put(&b, "vllm:num_requests_running{model_name=\"%s\"} %d\n", d->models[i].name, st[i].running);
+    if (d->models[i].active) put(&b, "vllm:num_requests_running{model_name=\"%s\"} %d\n", d->models[i].name, st[i].running);
   head(&b, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
   for (int i = 0; i < d->n_models; i++)
-    put(&b, "vllm:num_requests_waiting{model_name=\"%s\"} %d\n", d->models[i].name, st[i].waiting);
+    if (d->models[i].active) put(&b, "vllm:num_requests_waiting{model_name=\"%s\"} %d\n", d->models[i].name, st[i].waiting);
   head(&b, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.");
   for (int i = 0; i < d->n_models; i++) {
+    if (!d->models[i].active) continue;
     struct kvl_sched_model_stats st = {0};
     if (d->engine) kvl_engine_model_stats(d->engine, d->models[i].sched_id, &st);
     put(&b, "vllm:kv_cache_usage_perc{model_name=\"%s\"} %.6f\n", d->models[i].name, st.kv_usage);
@@ -123,7 +126,7 @@ char *kvld_metrics_render(const struct kvld *d) {
   head(&b, "vllm:request_success_total", "counter", "Count of successfully processed requests.");
   static const char *const reasons[] = {"stop", "length", "abort", "error"};
   for (int i = 0; i < d->n_models; i++)
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < 4 && d->models[i].active; k++)
       put(&b, "vllm:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %llu\n", reasons[k],
           d->models[i].name, (unsigned long long)d->models[i].mx.success[k]);
   hist(&b, d, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",

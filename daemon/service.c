@@ -36,7 +36,7 @@ void kvld_gen_params_free(struct kvld_gen_params *p) {
 int kvld_model_find(const struct kvld *d, const char *name) {
   if (!name || !*name || !strcmp(name, "auto")) name = d->cfg.default_model;
   for (int i = 0; i < d->n_models; i++)
-    if (!strcmp(d->models[i].name, name)) return i;
+    if (kvld_model_live(d, i) && !strcmp(d->models[i].name, name)) return i;
   return -1;
 }
 
@@ -57,8 +57,9 @@ enum kvld_status kvld_prepare(struct kvld *d, const char *model, const char *tex
   if (mi < 0) {
     char names[512] = "";
     for (int i = 0; i < d->n_models; i++)
-      snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", i ? ", " : "", d->models[i].name);
-    return fail(msg, msglen, KVLD_NOT_FOUND, "unknown model '%s' (resident: %s, or auto)", model, names);
+      if (kvld_model_live(d, i))
+        snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s, ", d->models[i].name);
+    return fail(msg, msglen, KVLD_NOT_FOUND, "unknown model '%s' (resident: %sor auto)", model, names);
   }
   struct kvld_model *m = &d->models[mi];
   p->model = mi;

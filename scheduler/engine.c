@@ -37,7 +37,7 @@
 
 #define container_of(p, type, member) ((type *)((char *)(p) - offsetof(type, member)))
 
-enum cmd_kind { CMD_SUBMIT, CMD_CANCEL };
+enum cmd_kind { CMD_SUBMIT, CMD_CANCEL, CMD_RUN };
 
 /* One order from the loop thread to the compute thread. */
 struct cmd {
@@ -53,6 +53,15 @@ struct node {
   void *ud;
   struct kvl_engine_event ev; /* a copy: nothing in it points into compute-thread memory
                                  (message points into the owning job, which travels along) */
+};
+
+/* A function to run on the compute thread (kvl_engine_run), and its answer. */
+struct run {
+  struct cmd cmd;
+  struct node done;          /* delivered to the loop: done.cb = run_done, done.ud = this */
+  kvl_engine_fn fn;
+  kvl_engine_done_cb done_cb;
+  void *arg;
 };
 
 /* One request, from kvl_engine_submit until its final event has been delivered. */
@@ -266,6 +275,14 @@ static void run_commands(kvl_engine_t *e, struct cmd *c) {
     struct cmd *next = c->next;
     if (c->kind == CMD_SUBMIT) {
       run_submit(e, container_of(c, struct job, cmd));
+    } else if (c->kind == CMD_RUN) {
+      struct run *r = container_of(c, struct run, cmd);
+      r->done.ev.status = r->fn(e->sched, r->arg);
+      pthread_mutex_lock(&e->out_mu);
+      *e->out_tail = &r->done;
+      e->out_tail = &r->done.next;
+      pthread_mutex_unlock(&e->out_mu);
+      e->c_pushed = true;
     } else {
       struct job *j = map_get(e, c->id); /* absent: unknown, refused or finished: no-op */
       if (j) {
@@ -295,7 +312,8 @@ static void fail_all(kvl_engine_t *e, int rc) {
 static void publish_stats(kvl_engine_t *e) {
   struct kvl_sched_model_stats st[16];
   int n = 0;
-  while (n < 16 && kvl_sched_model_stats(e->sched, n, &st[n]) == 0) n++;
+  for (int rc; n < 16 && (rc = kvl_sched_model_stats(e->sched, n, &st[n])) != KVL_ERANGE; n++)
+    if (rc < 0) memset(&st[n], 0, sizeof(st[n])); /* a removed model */
   pthread_mutex_lock(&e->out_mu);
   memcpy(e->stats, st, sizeof(st[0]) * (size_t)n);
   e->n_stats = n;
@@ -364,6 +382,12 @@ static void on_closed(uv_handle_t *h) {
   free(e);
 }
 
+/* The loop side of a CMD_RUN: hand the result over (on_async frees the command). */
+static void run_done(void *ud, const struct kvl_engine_event *ev) {
+  struct run *r = ud;
+  if (r->done_cb) r->done_cb(r->arg, ev->status);
+}
+
 /* Drain the whole `out` queue: one wake-up may stand for many pushes. */
 static void on_async(uv_async_t *a) {
   kvl_engine_t *e = a->data;
@@ -379,6 +403,8 @@ static void on_async(uv_async_t *a) {
     n->cb(n->ud, &n->ev); /* may submit, cancel or stop */
     if (n->ev.tok.final)
       free(container_of(n, struct job, fin));
+    else if (n->cb == run_done)
+      free(container_of(n, struct run, done));
     else
       free(n);
     n = next;
@@ -518,4 +544,20 @@ int kvl_engine_model_stats(kvl_engine_t *e, int model_id, struct kvl_sched_model
   if (rc == 0) *out = e->stats[model_id];
   pthread_mutex_unlock(&e->out_mu);
   return rc;
+}
+
+
+int kvl_engine_run(kvl_engine_t *e, kvl_engine_fn fn, kvl_engine_done_cb done, void *arg) {
+  if (e->stopping) return KVL_ECANCELED;
+  struct run *r = calloc(1, sizeof(*r));
+  if (!r) return KVL_ENOMEM;
+  r->cmd.kind = CMD_RUN;
+  r->fn = fn;
+  r->done_cb = done;
+  r->arg = arg;
+  r->done.cb = run_done;
+  r->done.ud = r;
+  r->done.ev.tok.token = -1;
+  push_cmd(e, &r->cmd);
+  return 0;
 }

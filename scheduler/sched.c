@@ -99,11 +99,13 @@ void kvl_sched_free(kvl_sched_t *s) {
 }
 
 int kvl_sched_add_model(kvl_sched_t *s, const struct kvl_sched_model *mc, int *model_id, char *err, size_t errlen) {
-  if (s->n_models == MAX_MODELS) return kvl_errf(err, errlen, KVL_EFULL, "at most %d models", MAX_MODELS);
+  int slot = 0; /* a removed model's slot first, so ids stay small */
+  while (slot < s->n_models && s->models[slot].pool) slot++;
+  if (slot == MAX_MODELS) return kvl_errf(err, errlen, KVL_EFULL, "at most %d models", MAX_MODELS);
   struct kvl_kv_layout want = kvl_model_kv_layout(mc->model, mc->pool.layout.dtype);
   if (memcmp(&want, &mc->pool.layout, sizeof(want)))
     return kvl_errf(err, errlen, KVL_EMISMATCH, "model '%s': pool layout does not match the model", mc->name);
-  struct model *m = &s->models[s->n_models];
+  struct model *m = &s->models[slot];
   memset(m, 0, sizeof(*m));
   m->cfg = *mc;
   const struct kvl_model_hparams *hp = kvl_model_hparams(mc->model);
@@ -117,7 +119,19 @@ int kvl_sched_add_model(kvl_sched_t *s, const struct kvl_sched_model *mc, int *m
     s->logits = l;
     s->cap_logits = need;
   }
-  *model_id = s->n_models++;
+  *model_id = slot;
+  if (slot == s->n_models) s->n_models++;
+  return 0;
+}
+
+int kvl_sched_remove_model(kvl_sched_t *s, int model_id, char *err, size_t errlen) {
+  if (model_id < 0 || model_id >= s->n_models || !s->models[model_id].pool)
+    return kvl_errf(err, errlen, KVL_ENOENT, "no model %d", model_id);
+  struct model *m = &s->models[model_id];
+  if (m->reqs)
+    return kvl_errf(err, errlen, KVL_EBUSY, "model '%s' still has %d requests", m->cfg.name, (int)m->n_reqs);
+  kvl_pool_free(m->pool);
+  memset(m, 0, sizeof(*m));
   return 0;
 }
 
@@ -153,7 +167,8 @@ static void finish(kvl_sched_t *s, struct model *m, struct req *r, enum kvl_fini
 
 int kvl_sched_submit(kvl_sched_t *s, const struct kvl_request *q, kvl_token_cb cb, void *ud, uint64_t *id,
                      char *err, size_t errlen) {
-  if (q->model < 0 || q->model >= s->n_models) return kvl_errf(err, errlen, KVL_EINVAL, "unknown model %d", q->model);
+  if (q->model < 0 || q->model >= s->n_models || !s->models[q->model].pool)
+    return kvl_errf(err, errlen, KVL_EINVAL, "unknown model %d", q->model);
   struct model *m = &s->models[q->model];
   const struct kvl_model_hparams *hp = kvl_model_hparams(m->cfg.model);
   if (q->n_prompt <= 0) return kvl_errf(err, errlen, KVL_EINVAL, "the prompt is empty");
@@ -346,6 +361,7 @@ static int step_model(kvl_sched_t *s, struct model *m) {
 int kvl_sched_step(kvl_sched_t *s) {
   int live = 0;
   for (int i = 0; i < s->n_models; i++) {
+    if (!s->models[i].pool) continue; /* removed */
     int rc = step_model(s, &s->models[i]);
     if (rc < 0) return rc;
     live += s->models[i].n_reqs;
@@ -357,6 +373,7 @@ int kvl_sched_model_stats(const kvl_sched_t *s, int model_id, struct kvl_sched_m
   memset(out, 0, sizeof(*out));
   if (model_id < 0 || model_id >= s->n_models) return KVL_ERANGE;
   const struct model *m = &s->models[model_id];
+  if (!m->pool) return KVL_ENOENT; /* removed */
   for (const struct req *r = m->reqs; r; r = r->next) {
     if (r->line) out->running++;
     else out->waiting++;

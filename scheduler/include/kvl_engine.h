@@ -94,6 +94,13 @@ int kvl_engine_cancel(kvl_engine_t *e, uint64_t id);
  * has pushed its last event and is returning. Callbacks of the requests still running may
  * fire before close_cb; they may call submit (refused) and cancel (a no-op). Once only. */
 void kvl_engine_stop(kvl_engine_t *e, kvl_engine_close_cb close_cb);
+/* Run fn(sched, arg) on the compute thread between steps (e.g. kvl_sched_add_model /
+ * kvl_sched_remove_model while requests stream), then done(arg, fn's return) on the loop
+ * thread. 0, KVL_ENOMEM, or KVL_ECANCELED after kvl_engine_stop (done is not called). */
+typedef int (*kvl_engine_fn)(kvl_sched_t *s, void *arg);
+typedef void (*kvl_engine_done_cb)(void *arg, int rc);
+int kvl_engine_run(kvl_engine_t *e, kvl_engine_fn fn, kvl_engine_done_cb done, void *arg);
+
 /* The scheduler's per-model stats as of the end of the last step (the compute thread
  * publishes a snapshot after every step and when it goes idle). KVL_ERANGE for an
  * unknown model. */

@@ -100,6 +100,9 @@ int kvl_sched_new(const struct kvl_sched_config *c, kvl_sched_t **out);
 void kvl_sched_free(kvl_sched_t *s);
 int kvl_sched_add_model(kvl_sched_t *s, const struct kvl_sched_model *m, int *model_id, char *err, size_t errlen);
 kvl_pool_t *kvl_sched_pool(kvl_sched_t *s, int model_id);
+/* Remove a model with no live requests (KVL_EBUSY otherwise): its pool is freed, its id
+ * refused by submit and reused by a later add_model. The model itself is the caller's. */
+int kvl_sched_remove_model(kvl_sched_t *s, int model_id, char *err, size_t errlen);
 
 /* Queue a request. KVL_EINVAL with a message for anything that can never run: unknown
  * model, empty prompt, prompt + max_tokens over max_model_len, more KV than the whole
@@ -120,6 +123,7 @@ struct kvl_sched_model_stats {
   int32_t waiting;        /* requests queued without one */
   double kv_usage;        /* referenced hot blocks / hot capacity, 0..1 */
 };
+/* KVL_ERANGE past the last model, KVL_ENOENT for a removed one. */
 int kvl_sched_model_stats(const kvl_sched_t *s, int model_id, struct kvl_sched_model_stats *out);
 
 #endif /* KVL_SCHED_H */

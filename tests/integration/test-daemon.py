@@ -280,6 +280,49 @@ check(mval(fam, "vllm:request_success_total", finished_reason="abort") == before
       mval(fam, "vllm:num_requests_running") == 0 and mval(fam, "vllm:kv_cache_usage_perc", model_name="large") == 0,
       f"cancel: request ended and its blocks freed {freed:.2f} s after the cancel")
 
+# ---- loading and unloading a model while others stream ------------------------------------
+admin = rpc.AdminStub(ch)
+amd = [("authorization", f"Bearer {ADMIN}")]
+live = [None] * 4
+
+
+def stream_to_end(i, model, n):
+    try:
+        got = list(inf.Generate(G(text=f"# job {i}\n", model=model, max_tokens=n, ignore_eos=True,
+                                   sampling=pb.SamplingParams(temperature=0)), metadata=md))
+        live[i] = (sum(len(c.token_ids) for c in got), got[-1].finish_reason)
+    except grpc.RpcError as e:
+        live[i] = ("error", e.code().name, e.details())
+
+
+workers = [threading.Thread(target=stream_to_end, args=(i, "small", 48)) for i in range(3)]
+for t in workers:
+    t.start()
+loaded = admin.LoadModel(pb.LoadModelRequest(name="extra", path=small), metadata=amd)
+x = inf.Complete(G(text=prompt, model="extra", max_tokens=8, ignore_eos=True), metadata=md)
+check(loaded.model.name == "extra" and x.model == "extra" and x.usage.generated_tokens == 8,
+      "admin: LoadModel while streams run; the new model answers")
+w = threading.Thread(target=stream_to_end, args=(3, "extra", 40))
+w.start()
+time.sleep(0.3)
+admin.UnloadModel(pb.UnloadModelRequest(name="extra"), metadata=amd)  # returns once its requests are done
+try:
+    inf.Complete(G(text="x", model="extra"), metadata=md)
+    gone = False
+except grpc.RpcError as e:
+    gone = e.code() == SC.NOT_FOUND
+for t in workers + [w]:
+    t.join(timeout=300)
+check(live[:3] == [(48, pb.FINISH_REASON_LENGTH)] * 3 and live[3] == (40, pb.FINISH_REASON_LENGTH),
+      f"admin: no stream failed across load and unload: {live}")
+names = [m.name for m in inf.ListModels(pb.ListModelsRequest(), metadata=md).models]
+check(gone and names == ["small", "large"], f"admin: after UnloadModel the name is gone ({names})")
+try:
+    admin.UnloadModel(pb.UnloadModelRequest(name="extra"), metadata=amd)
+    check(False, "admin: unloading twice accepted")
+except grpc.RpcError as e:
+    check(e.code() == SC.NOT_FOUND, f"admin: unloading twice: {e.code().name} '{e.details()}'")
+
 # ---- SIGTERM while 8 streams run ----------------------------------------------------------
 results = [None] * 8
 first = threading.Barrier(9)
