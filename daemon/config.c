@@ -32,6 +32,7 @@ void kvld_config_defaults(struct kvld_config *c, const char *source_root) {
   c->drain_s = 30;
   c->step_tokens = 512;
   snprintf(c->log_level, sizeof(c->log_level), "info");
+  snprintf(c->spill_dir, sizeof(c->spill_dir), "%s/.cache/kvlingo/spill", getenv("HOME") ? getenv("HOME") : "/tmp");
   static const char *const pair[2][2] = {{"qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"},
                                          {"qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"}};
   for (int i = 0; i < 2; i++) {
@@ -141,14 +142,14 @@ static void walk_model(struct walk *w, yaml_node_t *n, const char *base, struct 
       continue;
     }
     long long mib;
-    if (!strcmp(k, "hot_mib") || !strcmp(k, "cold_mib")) {
+    if (!strcmp(k, "hot_mib") || !strcmp(k, "cold_mib") || !strcmp(k, "disk_mib")) {
       mib = 0;
-      get_int(w, vn, path, 1, 1 << 24, &mib);
-      *(!strcmp(k, "hot_mib") ? &m->hot_bytes : &m->cold_bytes) = mib << 20;
+      get_int(w, vn, path, !strcmp(k, "hot_mib") ? 1 : 0, 1 << 24, &mib);
+      *(!strcmp(k, "hot_mib") ? &m->hot_bytes : !strcmp(k, "cold_mib") ? &m->cold_bytes : &m->disk_bytes) = mib << 20;
       continue;
     }
     INT_FIELD("max_model_len", 16, 1 << 24, m->max_model_len)
-    bad(w, path, "unknown key (name, path, kv_dtype, hot_mib, cold_mib, max_model_len)");
+    bad(w, path, "unknown key (name, path, kv_dtype, hot_mib, cold_mib, disk_mib, max_model_len)");
   }
 }
 
@@ -181,6 +182,7 @@ static void walk_root(struct walk *w, yaml_node_t *n, struct kvld_config *c) {
     if (!strcmp(k, "tls_key")) { get_str(w, vn, path, c->tls_key, sizeof(c->tls_key)); continue; }
     if (!strcmp(k, "log_level")) { get_str(w, vn, path, c->log_level, sizeof(c->log_level)); continue; }
     if (!strcmp(k, "default_model")) { get_str(w, vn, path, c->default_model, sizeof(c->default_model)); continue; }
+    if (!strcmp(k, "spill_dir")) { get_str(w, vn, path, c->spill_dir, sizeof(c->spill_dir)); continue; }
     INT_FIELD("grpc_port", 0, 65535, c->grpc_port)
     INT_FIELD("http_port", -1, 65535, c->http_port)
     INT_FIELD("max_prompt_tokens", 1, 1 << 24, c->max_prompt_tokens)

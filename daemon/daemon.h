@@ -35,6 +35,7 @@ struct kvld_model_cfg {
   char kv_dtype[8];    /* "bf16" | "f32" */
   int64_t hot_bytes;   /* KV pool budgets */
   int64_t cold_bytes;
+  int64_t disk_bytes;  /* spill-file tier behind the cold one (0 = none) */
   int32_t max_model_len;
 };
 
@@ -54,6 +55,7 @@ struct kvld_config {
   int step_tokens;
   char log_level[16];        /* debug | info | warn | error */
   char default_model[64];    /* what "auto" / "" means until the router lands */
+  char spill_dir[1024];      /* where the models' disk tiers live */
   struct kvld_model_cfg models[KVLD_MAX_MODELS];
   int n_models;
   char translators[KVLD_MAX_TRANSLATORS][1024];
@@ -118,6 +120,7 @@ struct kvld_model {
   int sched_id;               /* the scheduler's model index */
   int32_t max_model_len;
   char kv_dtype[8];
+  char disk_path[1100];       /* its disk tier's file */
   struct kvld_model_metrics mx;
   bool active;                /* in the scheduler and resolvable by name */
   bool unloading;             /* name no longer resolves; waiting for its requests */

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "daemon.h"
 #include "kvl_error.h"
@@ -89,6 +91,10 @@ void kvld_model_sched_cfg(const struct kvld_model *m, const struct kvld_model_cf
   sm->pool.layout = kvl_model_kv_layout(m->m, !strcmp(mc->kv_dtype, "f32") ? KVL_KV_F32 : KVL_KV_BF16);
   sm->pool.hot_bytes = (size_t)mc->hot_bytes;
   sm->pool.cold_bytes = (size_t)mc->cold_bytes;
+  if (mc->disk_bytes > 0 && m->disk_path[0]) {
+    sm->pool.disk_bytes = (size_t)mc->disk_bytes;
+    sm->pool.disk_path = m->disk_path;
+  }
 }
 
 void kvld_model_close(struct kvld_model *m) {
@@ -105,6 +111,14 @@ static int load_models(struct kvld *d, kvl_sched_t *s, char *err, size_t errlen)
     struct kvld_model *m = &d->models[i];
     int rc = kvld_model_open(m, &d->cfg.models[i], err, errlen);
     if (rc < 0) return rc;
+    if (d->cfg.models[i].disk_bytes > 0) {
+      char cmd[1200];
+      snprintf(cmd, sizeof(cmd), "%s", d->cfg.spill_dir);
+      for (char *q = cmd + 1; *q; q++)
+        if (*q == '/') { *q = 0; mkdir(cmd, 0700); *q = '/'; }
+      mkdir(cmd, 0700);
+      snprintf(m->disk_path, sizeof(m->disk_path), "%s/%s.%d.kv", d->cfg.spill_dir, m->name, (int)getpid());
+    }
     struct kvl_sched_model sm;
     kvld_model_sched_cfg(m, &d->cfg.models[i], &sm);
     if ((rc = kvl_sched_add_model(s, &sm, &m->sched_id, err, errlen)) < 0) return rc;

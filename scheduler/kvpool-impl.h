@@ -12,7 +12,7 @@
 struct blk {
   bool used;                  /* handle allocated */
   int32_t refs;               /* lines holding it */
-  int32_t hot, cold;          /* slot in the hot arena / cold tier, or NONE (exclusive) */
+  int32_t hot, cold, disk;    /* slot in the hot arena / cold tier / disk tier, or NONE (exactly one) */
   bool indexed;               /* in the prefix index: full, committed, never written again */
   uint64_t key;               /* chain key: H(parent key, tokens, writers) (when indexed) */
   uint64_t parent;            /* the parent's chain key (when indexed) */
@@ -52,7 +52,11 @@ struct kvl_pool {
   int32_t n_blk, cap_blk;
   int32_t *blk_free;
   int32_t n_blk_free;
-  struct lru hot_lru, cold_lru;
+  struct lru hot_lru, cold_lru, disk_lru;
+  int disk_fd;                    /* the disk tier's file (unlinked at free), or -1 */
+  char *disk_path;
+  int32_t n_disk, n_disk_free;
+  int32_t *disk_owner, *disk_free;
   struct ientry *idx;
   size_t idx_cap, idx_used;       /* used counts deleted entries too */
   kvl_line_t *lines;
@@ -66,5 +70,8 @@ uint64_t kvl__key_of(uint64_t parent, const int32_t *tok, const kvl_writer_t *w)
 int32_t kvl__pool_blk_new(kvl_pool_t *p);
 int kvl__idx_insert(kvl_pool_t *p, int32_t h);
 void kvl__lru_push(kvl_pool_t *p, struct lru *l, int32_t h);
+/* A block's K/V bytes wherever they are (a disk block is read into tmp); NULL when a disk
+ * read fails. */
+const uint8_t *kvl__blk_data(kvl_pool_t *p, int32_t h, uint8_t *tmp);
 
 #endif

@@ -1,5 +1,7 @@
 /* kvpool.c — the paged KV pool: block handles, hot/cold slots, lines with provenance,
  * the provenance-aware prefix index, and the sanity checker. See kvl_kvpool.h. */
+#include <fcntl.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,7 +63,9 @@ void kvl__lru_push(kvl_pool_t *p, struct lru *l, int32_t h) { /* most recently u
   l->n++;
 }
 
-static struct lru *lru_of(kvl_pool_t *p, const struct blk *b) { return b->hot != NONE ? &p->hot_lru : &p->cold_lru; }
+static struct lru *lru_of(kvl_pool_t *p, const struct blk *b) {
+  return b->hot != NONE ? &p->hot_lru : b->cold != NONE ? &p->cold_lru : &p->disk_lru;
+}
 
 /* ---- the index (open addressing multimap on bucket) ---------------------------------- */
 
@@ -137,7 +141,7 @@ int32_t kvl__pool_blk_new(kvl_pool_t *p) {
     p->blk_free = nf;
     h = p->n_blk++;
   }
-  p->blk[h] = (struct blk){.used = true, .hot = NONE, .cold = NONE, .prev = NONE, .next = NONE};
+  p->blk[h] = (struct blk){.used = true, .hot = NONE, .cold = NONE, .disk = NONE, .prev = NONE, .next = NONE};
   return h;
 }
 
@@ -148,6 +152,7 @@ static void blk_drop(kvl_pool_t *p, int32_t h) {
   if (b->indexed) idx_delete(p, h);
   if (b->hot != NONE) { p->hot_owner[b->hot] = NONE; p->hot_free[p->n_hot_free++] = b->hot; }
   if (b->cold != NONE) { p->cold_owner[b->cold] = NONE; p->cold_free[p->n_cold_free++] = b->cold; }
+  if (b->disk != NONE) { p->disk_owner[b->disk] = NONE; p->disk_free[p->n_disk_free++] = b->disk; }
   b->used = false;
   p->blk_free[p->n_blk_free++] = h;
 }
@@ -155,14 +160,76 @@ static void blk_drop(kvl_pool_t *p, int32_t h) {
 static uint8_t *hot_data(kvl_pool_t *p, int32_t slot) { return p->hot_mem + (size_t)slot * p->bb; }
 static uint8_t *cold_data(kvl_pool_t *p, int32_t slot) { return p->cold_mem + (size_t)slot * p->bb; }
 
-/* A free cold slot, dropping the least recently used cold cached block if needed. */
+static off_t disk_off(const kvl_pool_t *p, int32_t slot) { return (off_t)slot * (off_t)p->bb; }
+
+/* Write all of buf at off (pwrite may be short). */
+static bool disk_write(kvl_pool_t *p, const void *buf, off_t off) {
+  size_t done = 0;
+  while (done < p->bb) {
+    ssize_t n = pwrite(p->disk_fd, (const char *)buf + done, p->bb - done, off + (off_t)done);
+    if (n <= 0) return false;
+    done += (size_t)n;
+  }
+  return true;
+}
+
+static bool disk_read(kvl_pool_t *p, void *buf, off_t off) {
+  size_t done = 0;
+  while (done < p->bb) {
+    ssize_t n = pread(p->disk_fd, (char *)buf + done, p->bb - done, off + (off_t)done);
+    if (n <= 0) return false;
+    done += (size_t)n;
+  }
+  return true;
+}
+
+const uint8_t *kvl__blk_data(kvl_pool_t *p, int32_t h, uint8_t *tmp) {
+  const struct blk *b = &p->blk[h];
+  if (b->hot != NONE) return hot_data(p, b->hot);
+  if (b->cold != NONE) return cold_data(p, b->cold);
+  return disk_read(p, tmp, disk_off(p, b->disk)) ? tmp : NULL;
+}
+
+/* Move a cached cold block to the disk tier (dropping the disk tier's least recently
+ * used block if full), or drop it when there is no disk tier or the write fails. */
+static void cold_to_disk(kvl_pool_t *p, int32_t h) {
+  struct blk *b = &p->blk[h];
+  int32_t d = NONE;
+  if (p->n_disk_free) d = p->disk_free[--p->n_disk_free];
+  else if (p->disk_lru.head != NONE) {
+    int32_t victim = p->disk_lru.head;
+    lru_remove(p, &p->disk_lru, victim);
+    blk_drop(p, victim);
+    p->st.dropped++;
+    d = p->disk_free[--p->n_disk_free];
+  }
+  if (d != NONE && !disk_write(p, cold_data(p, b->cold), disk_off(p, d))) {
+    p->disk_free[p->n_disk_free++] = d;
+    p->st.disk_errors++;
+    d = NONE;
+  }
+  if (d == NONE) {
+    blk_drop(p, h);
+    p->st.dropped++;
+    return;
+  }
+  p->disk_owner[d] = h;
+  p->cold_owner[b->cold] = NONE;
+  p->cold_free[p->n_cold_free++] = b->cold;
+  b->cold = NONE;
+  b->disk = d;
+  kvl__lru_push(p, &p->disk_lru, h);
+  p->st.spilled_to_disk++;
+}
+
+/* A free cold slot, passing the least recently used cold cached block on to the disk
+ * tier (or dropping it) if needed. */
 static int32_t cold_slot(kvl_pool_t *p) {
   if (p->n_cold_free) return p->cold_free[--p->n_cold_free];
   if (p->cold_lru.head == NONE) return NONE;
   int32_t victim = p->cold_lru.head;
   lru_remove(p, &p->cold_lru, victim);
-  blk_drop(p, victim);
-  p->st.dropped++;
+  cold_to_disk(p, victim);
   return p->cold_free[--p->n_cold_free];
 }
 
@@ -198,16 +265,29 @@ static int32_t hot_slot(kvl_pool_t *p) {
   return p->hot_free[--p->n_hot_free];
 }
 
-/* Bring a cold block back (the caller made sure a hot slot can be had). */
+/* Bring a cold or disk block back (the caller made sure a hot slot can be had).
+ * KVL_EIO when a disk block cannot be read: the block stays where it was. */
 static int restore_blk(kvl_pool_t *p, int32_t h) {
   struct blk *b = &p->blk[h];
   int32_t s = hot_slot(p);
   if (s == NONE) return KVL_EFULL;
-  memcpy(hot_data(p, s), cold_data(p, b->cold), p->bb);
+  if (b->disk != NONE) {
+    if (!disk_read(p, hot_data(p, s), disk_off(p, b->disk))) {
+      p->hot_free[p->n_hot_free++] = s;
+      p->st.disk_errors++;
+      return KVL_EIO;
+    }
+    p->disk_owner[b->disk] = NONE;
+    p->disk_free[p->n_disk_free++] = b->disk;
+    b->disk = NONE;
+    p->st.restored_from_disk++;
+  } else {
+    memcpy(hot_data(p, s), cold_data(p, b->cold), p->bb);
+    p->cold_owner[b->cold] = NONE;
+    p->cold_free[p->n_cold_free++] = b->cold;
+    b->cold = NONE;
+  }
   p->hot_owner[s] = h;
-  p->cold_owner[b->cold] = NONE;
-  p->cold_free[p->n_cold_free++] = b->cold;
-  b->cold = NONE;
   b->hot = s;
   p->st.restored++;
   return 0;
@@ -254,7 +334,24 @@ int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out) {
   for (int32_t i = 0; i < p->n_cold; i++) { p->cold_owner[i] = NONE; p->cold_free[i] = p->n_cold - 1 - i; }
   p->n_hot_free = p->n_hot;
   p->n_cold_free = p->n_cold;
-  p->hot_lru = p->cold_lru = (struct lru){NONE, NONE, 0};
+  p->hot_lru = p->cold_lru = p->disk_lru = (struct lru){NONE, NONE, 0};
+  p->disk_fd = -1;
+  size_t nd = c->disk_path && c->disk_bytes ? c->disk_bytes / p->bb : 0;
+  if (nd > INT32_MAX / 2) nd = INT32_MAX / 2;
+  if (nd) {
+    p->disk_fd = open(c->disk_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    p->disk_path = strdup(c->disk_path);
+    p->disk_owner = malloc(nd * sizeof(int32_t));
+    p->disk_free = malloc(nd * sizeof(int32_t));
+    if (p->disk_fd < 0 || !p->disk_path || !p->disk_owner || !p->disk_free) {
+      int rc = p->disk_fd < 0 ? KVL_EIO : KVL_ENOMEM;
+      kvl_pool_free(p);
+      return rc;
+    }
+    p->n_disk = (int32_t)nd;
+    for (int32_t i = 0; i < p->n_disk; i++) { p->disk_owner[i] = NONE; p->disk_free[i] = p->n_disk - 1 - i; }
+    p->n_disk_free = p->n_disk;
+  }
   *out = p;
   return 0;
 }
@@ -268,6 +365,13 @@ void kvl_pool_free(kvl_pool_t *p) {
   free(p->hot_free);
   free(p->cold_owner);
   free(p->cold_free);
+  if (p->disk_fd >= 0) {
+    close(p->disk_fd);
+    unlink(p->disk_path);
+  }
+  free(p->disk_path);
+  free(p->disk_owner);
+  free(p->disk_free);
   free(p->blk);
   free(p->blk_free);
   free(p->idx);
@@ -285,6 +389,8 @@ void kvl_pool_stats(const kvl_pool_t *p, struct kvl_pool_stats *s) {
   s->hot_used = p->n_hot - p->n_hot_free - p->hot_lru.n;
   s->cold_blocks = p->n_cold;
   s->cold_used = p->n_cold - p->n_cold_free;
+  s->disk_blocks = p->n_disk;
+  s->disk_used = p->n_disk - p->n_disk_free;
 }
 
 int32_t kvl_pool_evict(kvl_pool_t *p, int32_t n) {
@@ -517,6 +623,17 @@ int kvl_line_attach_prefix(kvl_line_t *l, const int32_t *tokens, int32_t n, enum
   for (int32_t i = 0; i < found; i++)
     if (p->blk[l->blocks[i]].hot == NONE) {
       rc = restore_blk(p, l->blocks[i]);
+      if (rc == KVL_EIO) { /* unreadable spill: forget that block, keep the chain before it */
+        int32_t bad = l->blocks[i];
+        for (int32_t j = found - 1; j >= i; j--) unref(p, l->blocks[j]);
+        if (p->blk[bad].used && p->blk[bad].refs == 0) {
+          lru_remove(p, lru_of(p, &p->blk[bad]), bad);
+          blk_drop(p, bad);
+          p->st.dropped++;
+        }
+        found = i;
+        break;
+      }
       KVL_ASSERT(rc == 0);
       hit->n_restored++;
     }
@@ -605,17 +722,20 @@ int kvl_pool_check(const kvl_pool_t *p, char *err, size_t errlen) {
     }
   }
   if (n_lines != p->n_lines) { rc = kvl_errf(err, errlen, KVL_EINVAL, "%d lines listed, %d counted", n_lines, p->n_lines); goto out; }
-  int32_t hot_in_use = 0, cold_in_use = 0, on_hot_lru = 0, on_cold_lru = 0, indexed = 0;
+  int32_t hot_in_use = 0, cold_in_use = 0, disk_in_use = 0, on_hot_lru = 0, on_cold_lru = 0, on_disk_lru = 0, indexed = 0;
   for (int32_t h = 0; h < p->n_blk; h++) {
     const struct blk *b = &p->blk[h];
     if (!b->used) continue;
     if (b->refs != refs[h]) { rc = kvl_errf(err, errlen, KVL_EINVAL, "block %d: refcount %d but %d references", h, b->refs, refs[h]); goto out; }
-    if ((b->hot == NONE) == (b->cold == NONE)) { rc = kvl_errf(err, errlen, KVL_EINVAL, "block %d is in %s tier", h, b->hot == NONE ? "no" : "both"); goto out; }
+    int tiers = (b->hot != NONE) + (b->cold != NONE) + (b->disk != NONE);
+    if (tiers != 1) { rc = kvl_errf(err, errlen, KVL_EINVAL, "block %d is in %d tiers", h, tiers); goto out; }
+    if (b->disk != NONE && (b->refs || p->disk_owner[b->disk] != h)) { rc = kvl_errf(err, errlen, KVL_EINVAL, "disk slot %d: block %d referenced or not its owner", b->disk, h); goto out; }
     if (b->hot != NONE && p->hot_owner[b->hot] != h) { rc = kvl_errf(err, errlen, KVL_EINVAL, "hot slot %d not owned by block %d", b->hot, h); goto out; }
     if (b->cold != NONE && p->cold_owner[b->cold] != h) { rc = kvl_errf(err, errlen, KVL_EINVAL, "cold slot %d not owned by block %d", b->cold, h); goto out; }
     if (b->refs == 0 && !b->indexed) { rc = kvl_errf(err, errlen, KVL_EINVAL, "block %d is unreferenced and unindexed (leaked)", h); goto out; }
     hot_in_use += b->hot != NONE;
     cold_in_use += b->cold != NONE;
+    disk_in_use += b->disk != NONE;
     indexed += b->indexed;
     if (b->indexed && b->key != kvl__key_of(b->parent, b->tokens, b->writers)) { rc = kvl_errf(err, errlen, KVL_EINVAL, "block %d: key does not match content", h); goto out; }
   }
@@ -623,10 +743,13 @@ int kvl_pool_check(const kvl_pool_t *p, char *err, size_t errlen) {
     if (p->blk[h].prev != prev || p->blk[h].refs || p->blk[h].hot == NONE || !p->blk[h].indexed) { rc = kvl_errf(err, errlen, KVL_EINVAL, "hot LRU corrupt at block %d", h); goto out; }
   for (int32_t h = p->cold_lru.head, prev = NONE; h != NONE; prev = h, h = p->blk[h].next, on_cold_lru++)
     if (p->blk[h].prev != prev || p->blk[h].refs || p->blk[h].cold == NONE || !p->blk[h].indexed) { rc = kvl_errf(err, errlen, KVL_EINVAL, "cold LRU corrupt at block %d", h); goto out; }
-  if (on_hot_lru != p->hot_lru.n || on_cold_lru != p->cold_lru.n) { rc = kvl_errf(err, errlen, KVL_EINVAL, "LRU counts wrong"); goto out; }
+  for (int32_t h = p->disk_lru.head, prev = NONE; h != NONE; prev = h, h = p->blk[h].next, on_disk_lru++)
+    if (p->blk[h].prev != prev || p->blk[h].refs || p->blk[h].disk == NONE || !p->blk[h].indexed) { rc = kvl_errf(err, errlen, KVL_EINVAL, "disk LRU corrupt at block %d", h); goto out; }
+  if (on_hot_lru != p->hot_lru.n || on_cold_lru != p->cold_lru.n || on_disk_lru != p->disk_lru.n) { rc = kvl_errf(err, errlen, KVL_EINVAL, "LRU counts wrong"); goto out; }
   int32_t cached = 0;
   for (int32_t h = 0; h < p->n_blk; h++) cached += p->blk[h].used && p->blk[h].refs == 0;
-  if (cached != on_hot_lru + on_cold_lru) { rc = kvl_errf(err, errlen, KVL_EINVAL, "%d cached blocks, %d on LRU lists", cached, on_hot_lru + on_cold_lru); goto out; }
+  if (cached != on_hot_lru + on_cold_lru + on_disk_lru) { rc = kvl_errf(err, errlen, KVL_EINVAL, "%d cached blocks, %d on LRU lists", cached, on_hot_lru + on_cold_lru + on_disk_lru); goto out; }
+  if (disk_in_use + p->n_disk_free != p->n_disk) { rc = kvl_errf(err, errlen, KVL_EINVAL, "disk slots: %d used + %d free != %d", disk_in_use, p->n_disk_free, p->n_disk); goto out; }
   if (hot_in_use + p->n_hot_free != p->n_hot) { rc = kvl_errf(err, errlen, KVL_EINVAL, "hot slots: %d used + %d free != %d", hot_in_use, p->n_hot_free, p->n_hot); goto out; }
   if (cold_in_use + p->n_cold_free != p->n_cold) { rc = kvl_errf(err, errlen, KVL_EINVAL, "cold slots: %d used + %d free != %d", cold_in_use, p->n_cold_free, p->n_cold); goto out; }
   for (int32_t i = 0; i < p->n_hot_free; i++)

@@ -78,18 +78,23 @@ int kvl_pool_save(const kvl_pool_t *p, const char *path, const char *fp, char *e
   for (int32_t h = 0; h < p->n_blk; h++) n += p->blk[h].used && p->blk[h].indexed;
   struct wbuf w = {0};
   header(&w, p, fp, n);
-  for (int32_t h = 0; h < p->n_blk; h++) {
+  uint8_t *tmpblk = malloc(p->bb);
+  if (!tmpblk) w.oom = true;
+  for (int32_t h = 0; h < p->n_blk && !w.oom; h++) {
     const struct blk *b = &p->blk[h];
     if (!b->used || !b->indexed) continue;
+    const uint8_t *data = kvl__blk_data((kvl_pool_t *)p, h, tmpblk);
+    if (!data) continue; /* an unreadable disk block is not carried over */
     size_t at = w.n;
     put(&w, &b->parent, 8);
     put(&w, b->tokens, sizeof(b->tokens));
     put(&w, b->writers, sizeof(b->writers));
-    put(&w, b->hot != NONE ? p->hot_mem + (size_t)b->hot * p->bb : p->cold_mem + (size_t)b->cold * p->bb, p->bb);
+    put(&w, data, p->bb);
     if (w.oom) break;
     uint32_t crc = crc32_update(0, w.b + at, w.n - at);
     put(&w, &crc, 4);
   }
+  free(tmpblk);
   if (w.oom) { free(w.b); return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory writing the spill snapshot"); }
   size_t pl = strlen(path);
   char *tmp = malloc(pl + 16);

@@ -25,8 +25,10 @@
  * position can never become a translation source.
  *
  * Tiers. Unreferenced cached blocks are evicted LRU from the hot arena into the cold
- * tier (copied, still indexed) when room is needed; the cold tier drops its own LRU
- * blocks when full. A line can be offloaded (all its blocks to cold) and restored;
+ * tier (copied, still indexed) when room is needed; the cold tier passes its own LRU
+ * blocks on to the disk tier (a spill file of fixed-size slots, when configured), which
+ * drops its LRU blocks when full. A disk block that cannot be read back is forgotten (and
+ * counted), never trusted. A line can be offloaded (all its blocks to cold) and restored;
  * attaching a prefix restores cold blocks it finds. Running out of room is an error
  * (KVL_EFULL) the scheduler answers by waiting or preempting — never a crash.
  *
@@ -51,12 +53,15 @@ struct kvl_pool_config {
   struct kvl_kv_layout layout;
   size_t hot_bytes;   /* hot arena budget: floor(hot_bytes / block bytes) blocks, >= 1 */
   size_t cold_bytes;  /* host-copy budget (0: no cold tier, eviction drops) */
+  size_t disk_bytes;  /* spill-file budget behind the cold tier (0: none) */
+  const char *disk_path; /* the spill file (created 0600, truncated, removed at free) */
 };
 
 struct kvl_pool_stats {
   int32_t hot_blocks, hot_used, hot_cached;   /* capacity, referenced, cached-unreferenced */
   int32_t cold_blocks, cold_used;
-  uint64_t evicted_to_cold, dropped, restored, cow_copies;
+  int32_t disk_blocks, disk_used;
+  uint64_t evicted_to_cold, spilled_to_disk, dropped, restored, restored_from_disk, disk_errors, cow_copies;
 };
 
 int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out);

@@ -69,10 +69,13 @@ max_prompt_tokens: 512
 max_new_tokens: 1024
 drain_s: 60
 log_level: info
+spill_dir: {tempfile.mkdtemp(prefix="kvl-spill-")}
 models:
   - name: small
     path: {small}
     hot_mib: 256
+    cold_mib: 64
+    disk_mib: 64
   - name: large
     path: {large}
     hot_mib: 256

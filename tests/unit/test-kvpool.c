@@ -11,15 +11,24 @@
 
 static const struct kvl_kv_layout LAYOUT = {2, 2, 8, KVL_KV_F32}; /* 2 layers, kvw 16 */
 
-static kvl_pool_t *pool(int hot_blocks, int cold_blocks) {
-  struct kvl_pool_config c = {LAYOUT, 0, 0};
+static char g_disk[64]; /* the disk tier's file of pool_disk's pools */
+
+static kvl_pool_t *pool_disk(int hot_blocks, int cold_blocks, int disk_blocks) {
+  struct kvl_pool_config c = {LAYOUT, 0, 0, 0, NULL};
   size_t bb = kvl_kv_block_bytes(&LAYOUT);
   c.hot_bytes = (size_t)hot_blocks * bb;
   c.cold_bytes = (size_t)cold_blocks * bb;
+  if (disk_blocks) {
+    snprintf(g_disk, sizeof(g_disk), "/tmp/kvl-disk-tier-%d", (int)getpid());
+    c.disk_bytes = (size_t)disk_blocks * bb;
+    c.disk_path = g_disk;
+  }
   kvl_pool_t *p;
   KVL_ASSERT(kvl_pool_new(&c, &p) == 0);
   return p;
 }
+
+static kvl_pool_t *pool(int hot_blocks, int cold_blocks) { return pool_disk(hot_blocks, cold_blocks, 0); }
 
 static void check(const kvl_pool_t *p) {
   char err[256];
@@ -233,8 +242,8 @@ static void test_tiers(void) {
 }
 
 /* Thousands of random operations; the checker after each; every line's data verified. */
-static void test_stress(void) {
-  kvl_pool_t *p = pool(24, 12);
+static void stress(int disk_blocks) {
+  kvl_pool_t *p = pool_disk(24, 12, disk_blocks);
   enum { L = 12 };
   kvl_line_t *lines[L] = {0};
   unsigned long long s = 424242;
@@ -242,6 +251,14 @@ static void test_stress(void) {
   for (int k = 0; k < 4; k++) seqn(base[k], 96, 1000 * (k + 1)); /* 4 shared "system prompts" */
   int ops = 0, full = 0, bad = 0, restarts = 0;
   char err[256];
+  struct kvl_pool_stats tot = {0}, st;
+#define ADD_STATS()                                                                                            \
+  do {                                                                                                         \
+    kvl_pool_stats(p, &st);                                                                                    \
+    tot.evicted_to_cold += st.evicted_to_cold, tot.spilled_to_disk += st.spilled_to_disk;                      \
+    tot.dropped += st.dropped, tot.restored += st.restored, tot.restored_from_disk += st.restored_from_disk;    \
+    tot.cow_copies += st.cow_copies;                                                                           \
+  } while (0)
   for (int it = 0; it < 6000; it++) {
     int i = (int)(kvl_test_rand(&s) % L), op = (int)(kvl_test_rand(&s) % 10);
     if (it % 500 == 499) {
@@ -251,8 +268,9 @@ static void test_stress(void) {
       close(fd);
       for (int j = 0; j < L; j++) { kvl_line_free(lines[j]); lines[j] = NULL; }
       CHECK_EQ_INT(kvl_pool_save(p, path, "stress", err, sizeof(err)), 0);
+      ADD_STATS();
       kvl_pool_free(p);
-      p = pool(24, 12);
+      p = pool_disk(24, 12, disk_blocks);
       int32_t nl;
       CHECK_EQ_INT(kvl_pool_load(p, path, "stress", &nl, err, sizeof(err)), 0);
       restarts++;
@@ -309,13 +327,68 @@ static void test_stress(void) {
   CHECK_EQ_INT(bad, 0);
   for (int j = 0; j < L; j++) kvl_line_free(lines[j]);
   check(p);
+  ADD_STATS();
+#undef ADD_STATS
+  printf("  evicted to cold %llu, spilled to disk %llu, dropped %llu, restored %llu (%llu from disk), copy-on-write %llu\n",
+         (unsigned long long)tot.evicted_to_cold, (unsigned long long)tot.spilled_to_disk, (unsigned long long)tot.dropped,
+         (unsigned long long)tot.restored, (unsigned long long)tot.restored_from_disk, (unsigned long long)tot.cow_copies);
+  CHECK_EQ_INT(st.hot_used, 0);
+  if (disk_blocks) CHECK(tot.spilled_to_disk > 0 && tot.restored_from_disk > 0);
+  kvl_pool_free(p);
+}
+
+static void test_stress(void) { stress(0); }
+static void test_stress_disk(void) { stress(16); }
+
+/* hot -> cold -> disk and back, bit-exact; an unreadable disk block is forgotten, not
+ * trusted, and the chain before it still serves. */
+static void test_disk_tier(void) {
+  kvl_pool_t *p = pool_disk(4, 1, 4);
+  int32_t toks[64], other[64];
+  seqn(toks, 64, 700);
+  seqn(other, 64, 9000);
+  kvl_line_t *a = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(a, toks, 48, KVL_WRITER_NATIVE), 0);
+  fill(a, 0, 48);
+  kvl_line_commit(a);
+  kvl_line_free(a); /* 3 cached blocks, hot */
+  kvl_line_t *b = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(b, other, 64, KVL_WRITER_NATIVE), 0); /* needs all 4 hot slots */
+  fill(b, 0, 64);
   struct kvl_pool_stats st;
   kvl_pool_stats(p, &st);
-  printf("  evicted to cold %llu, dropped %llu, restored %llu, copy-on-write %llu\n",
-         (unsigned long long)st.evicted_to_cold, (unsigned long long)st.dropped, (unsigned long long)st.restored,
-         (unsigned long long)st.cow_copies);
-  CHECK_EQ_INT(st.hot_used, 0);
+  CHECK_EQ_INT(st.evicted_to_cold, 3);
+  CHECK_EQ_INT(st.spilled_to_disk, 2); /* the cold tier holds 1 */
+  CHECK_EQ_INT(st.disk_used, 2);
+  check(p);
+  kvl_line_free(b); /* b's blocks were never committed: dropped, hot slots free */
+  kvl_line_t *c = kvl_line_new(p);
+  struct kvl_prefix_hit hit;
+  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK_EQ_INT(hit.n_tokens, 48);
+  CHECK_EQ_INT(hit.n_restored, 3);
+  CHECK_EQ_INT(verify(c), 0);
+  kvl_pool_stats(p, &st);
+  CHECK_EQ_INT(st.restored_from_disk, 2);
+  check(p);
+  kvl_line_free(c);
+  /* again to disk, then the file is cut: the unreadable block and what follows are not used */
+  b = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(b, other, 64, KVL_WRITER_NATIVE), 0);
+  fill(b, 0, 64);
+  kvl_line_free(b);
+  CHECK_EQ_INT(truncate(g_disk, 0), 0);
+  c = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  kvl_pool_stats(p, &st);
+  CHECK(hit.n_tokens < 48 && st.disk_errors >= 1);
+  CHECK_EQ_INT(verify(c), 0);
+  check(p);
+  kvl_line_free(c);
+  struct stat sb;
+  CHECK(stat(g_disk, &sb) == 0 && (sb.st_mode & 0777) == 0600);
   kvl_pool_free(p);
+  CHECK(stat(g_disk, &sb) != 0); /* removed with the pool */
 }
 
 /* save -> "restart" (a new pool) -> load -> a returning request finds its blocks,
@@ -381,5 +454,7 @@ int main(void) {
   RUN(test_cow_and_truncate);
   RUN(test_tiers);
   RUN(test_stress);
+  RUN(test_disk_tier);
+  RUN(test_stress_disk);
   return TEST_EXIT();
 }
