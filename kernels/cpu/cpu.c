@@ -26,6 +26,17 @@ static bool int8_decode_enabled(void) {
   return on;
 }
 
+/* KVL_DECODE=scalar-scales keeps the per-token scalar kernels for 2..16 tokens (the
+ * vector-scale ones are the default; both are tested). */
+static bool vec_decode_enabled(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("KVL_DECODE");
+    on = !(e && !strcmp(e, "scalar-scales"));
+  }
+  return on;
+}
+
 static bool qdot_type(uint32_t t) {
   return t == KVL_TYPE_Q8_0 || t == KVL_TYPE_Q5_0 || t == KVL_TYPE_Q4_K || t == KVL_TYPE_Q6_K;
 }
@@ -41,13 +52,26 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
   KVL_ASSERT(xq && xd && xs);
   for (int t = 0; t < n_tokens; t++)
     kvl__q8_act(x + (int64_t)t * K, K, xq + (int64_t)t * K, xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16));
+  /* several tokens: the per-token scales as vectors, prepared once (kvl__qdot_vec_*) */
+  float *sx = NULL, *cx = NULL;
+  if (n_tokens >= 2 && be->qdot_vec && K % 64 == 0 && vec_decode_enabled()) {
+    sx = malloc((size_t)n_tokens * (size_t)(K / 4) * sizeof(float));
+    cx = malloc((size_t)n_tokens * (size_t)(K / 4) * sizeof(float));
+    KVL_ASSERT(sx && cx);
+    for (int t = 0; t < n_tokens; t++)
+      kvl__q8_act_vec(xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16), K, sx + (int64_t)t * (K / 4),
+                      cx + (int64_t)t * (K / 4));
+  }
 #pragma omp parallel for schedule(dynamic, 64)
   for (int64_t r = 0; r < N; r++) {
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
     float v[KVL__QDOT_MAX_T];
-    be->qdot(w->type, row, K, xq, xd, xs, n_tokens, v);
+    if (sx) be->qdot_vec(w->type, row, K, xq, sx, cx, n_tokens, v);
+    else be->qdot(w->type, row, K, xq, xd, xs, n_tokens, v);
     for (int t = 0; t < n_tokens; t++) y[(int64_t)t * N + r] = v[t] + (w->bias ? w->bias[r] : 0.0f);
   }
+  free(sx);
+  free(cx);
   free(xq);
   free(xd);
   free(xs);
@@ -68,7 +92,6 @@ static bool cpu_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype
  * OpenBLAS (its OpenMP build: inside our parallel region it runs single-threaded, so the
  * process keeps one thread runtime and two threads). */
 #define KVL__GEMM_MIN_T 9    /* from this many tokens on */
-#define KVL__QDOT_USE_T 8    /* the int8 path up to this many (it wins up to ~8 on 2 cores) */
 #define KVL__GEMM_ROWS 128   /* rows per chunk */
 
 static void blas_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
@@ -281,10 +304,11 @@ static const struct kvl_backend_ops cpu_ops = {
   .attention = cpu_attention,
 };
 
-static kvl_backend_t be_scalar = {"cpu-scalar", &cpu_ops, &kvl__simd_scalar, NULL};
-static kvl_backend_t be_avx2 = {"cpu-avx2", &cpu_ops, &kvl__simd_avx2, NULL};
-static kvl_backend_t be_avx512 = {"cpu-avx512", &cpu_ops, &kvl__simd_avx512, NULL};
-static kvl_backend_t be_avx512vnni = {"cpu-avx512-vnni", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni};
+static kvl_backend_t be_scalar = {"cpu-scalar", &cpu_ops, &kvl__simd_scalar, NULL, NULL};
+static kvl_backend_t be_avx2 = {"cpu-avx2", &cpu_ops, &kvl__simd_avx2, NULL, NULL};
+static kvl_backend_t be_avx512 = {"cpu-avx512", &cpu_ops, &kvl__simd_avx512, NULL, NULL};
+static kvl_backend_t be_avx512vnni = {"cpu-avx512-vnni", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni,
+                                      kvl__qdot_vec_avx512vnni};
 
 kvl_backend_t *kvl_backend_cpu_level(const char *level) {
   __builtin_cpu_init();
@@ -346,6 +370,6 @@ static void ref_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
 
 static const struct kvl_backend_ops ref_ops = {ref_supports, ref_matmul, ref_rmsnorm, ref_rope,
                                                ref_swiglu, ref_embed, ref_attention};
-static kvl_backend_t be_ref = {"ref", &ref_ops, &kvl__simd_scalar, NULL};
+static kvl_backend_t be_ref = {"ref", &ref_ops, &kvl__simd_scalar, NULL, NULL};
 
 kvl_backend_t *kvl_backend_ref(void) { return &be_ref; }

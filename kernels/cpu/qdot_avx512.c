@@ -253,3 +253,173 @@ int kvl__qdot_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *
   default: return KVL_ENOTSUP;
   }
 }
+
+/* ---- many tokens: per-token scales as vectors ------------------------------------------
+ *
+ * For 2..16 tokens the per-token scalar work of the kernels above (scale products, the
+ * offset correction) costs more than the dot product itself. Here it is prepared once per
+ * matmul as two vectors per token and 64-element unit p (kvl__q8_act_vec):
+ *   sx[p]: lanes 0-7 = d[2p], lanes 8-15 = d[2p+1]          (the activation scales)
+ *   cx[p]: lanes 0, 4, 8, 12 = d * (sum of each 16 codes), others 0
+ * and each unit of a weight row costs, per token, one dpbusd, one conversion, one
+ * multiply and two FMAs: acc += cvt(dot) * (ws * sx) - gs * cx, with the unit's weight
+ * scales ws and offset scales gs built once for all tokens. Same arithmetic as above, in
+ * another order (results agree to float rounding). K must be a multiple of 64. */
+
+void kvl__q8_act_vec(const float *xd, const int32_t *s16, int64_t K, float *sx, float *cx) {
+  for (int64_t p = 0; p < K / 64; p++) {
+    __m512 s = two_scales(xd[2 * p], xd[2 * p + 1]);
+    _mm512_storeu_ps(sx + 16 * p, s);
+    __m512 c = _mm512_setzero_ps();
+    c = _mm512_mask_mov_ps(c, 0x0001, _mm512_set1_ps(xd[2 * p] * (float)s16[4 * p]));
+    c = _mm512_mask_mov_ps(c, 0x0010, _mm512_set1_ps(xd[2 * p] * (float)s16[4 * p + 1]));
+    c = _mm512_mask_mov_ps(c, 0x0100, _mm512_set1_ps(xd[2 * p + 1] * (float)s16[4 * p + 2]));
+    c = _mm512_mask_mov_ps(c, 0x1000, _mm512_set1_ps(xd[2 * p + 1] * (float)s16[4 * p + 3]));
+    _mm512_storeu_ps(cx + 16 * p, c);
+  }
+}
+
+struct vacts { const int8_t *q; const float *sx, *cx; int64_t K; };
+
+#define VQ(a, t) ((a)->q + (int64_t)(t) * (a)->K)
+#define VS(a, t) ((a)->sx + (int64_t)(t) * ((a)->K / 4))
+#define VC(a, t) ((a)->cx + (int64_t)(t) * ((a)->K / 4))
+
+static inline __attribute__((always_inline)) void unit_tokens(__m512i u, __m512 ws, __m512 gs, int64_t p,
+                                                             const struct vacts *a, __m512 *acc, const int T) {
+  for (int t = 0; t < T; t++) {
+    __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(VQ(a, t) + 64 * p));
+    __m512 s = _mm512_mul_ps(ws, _mm512_loadu_ps(VS(a, t) + 16 * p));
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[t]);
+    acc[t] = _mm512_fnmadd_ps(gs, _mm512_loadu_ps(VC(a, t) + 16 * p), acc[t]);
+  }
+}
+
+static inline __attribute__((always_inline)) void vdot_q8_0(const uint8_t *w, int64_t nb, const struct vacts *a,
+                                                           float *out, const int T) {
+  __m512 acc[KVL__QDOT_MAX_T];
+  for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+  const __m256i flip = _mm256_set1_epi8((char)0x80);
+  for (int64_t p = 0; p < nb / 2; p++, w += 68) {
+    _mm_prefetch((const char *)w + 512, _MM_HINT_T0);
+    __m256i wa = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)), flip);
+    __m256i wb = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 36)), flip);
+    __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(wa), wb, 1);
+    float wda = h2f(w), wdb = h2f(w + 34);
+    unit_tokens(u, two_scales(wda, wdb), two_scales(128.0f * wda, 128.0f * wdb), p, a, acc, T);
+  }
+  for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+static inline __attribute__((always_inline)) void vdot_q5_0(const uint8_t *w, int64_t nb, const struct vacts *a,
+                                                           float *out, const int T) {
+  __m512 acc[KVL__QDOT_MAX_T];
+  for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+  const __m128i lo4 = _mm_set1_epi8(0x0f);
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  for (int64_t p = 0; p < nb / 2; p++, w += 44) {
+    _mm_prefetch((const char *)w + 384, _MM_HINT_T0);
+    __m256i v[2];
+    for (int k = 0; k < 2; k++) {
+      const uint8_t *blk = w + 22 * k;
+      __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6));
+      __m128i lo = _mm_and_si128(qs, lo4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), lo4);
+      __m256i uu = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+      uint32_t qh;
+      memcpy(&qh, blk + 2, 4);
+      v[k] = _mm256_mask_blend_epi8((__mmask32)qh, uu, _mm256_or_si256(uu, bit4));
+    }
+    __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(v[0]), v[1], 1);
+    float wda = h2f(w), wdb = h2f(w + 22);
+    unit_tokens(u, two_scales(wda, wdb), two_scales(16.0f * wda, 16.0f * wdb), p, a, acc, T);
+  }
+  for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+static inline __attribute__((always_inline)) void vdot_q4_k(const uint8_t *w, int64_t nb, const struct vacts *a,
+                                                           float *out, const int T) {
+  __m512 acc[KVL__QDOT_MAX_T];
+  for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+  const __m256i lo4 = _mm256_set1_epi8(0x0f);
+  for (int64_t b = 0; b < nb; b++, w += 144) {
+    _mm_prefetch((const char *)w + 576, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 640, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 704, _MM_HINT_T0);
+    float d = h2f(w), dmin = h2f(w + 2);
+    const uint8_t *sc = w + 4, *q = w + 16;
+    for (int j = 0; j < 4; j++) {
+      __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+      __m256i lo = _mm256_and_si256(raw, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+      __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      int s0, m0, s1, m1;
+      scale_min_k4(2 * j, sc, &s0, &m0);
+      scale_min_k4(2 * j + 1, sc, &s1, &m1);
+      unit_tokens(u, two_scales(d * (float)s0, d * (float)s1), two_scales(dmin * (float)m0, dmin * (float)m1),
+                  4 * b + j, a, acc, T);
+    }
+  }
+  for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+static inline __attribute__((always_inline)) void vdot_q6_k(const uint8_t *w, int64_t nb, const struct vacts *a,
+                                                           float *out, const int T) {
+  __m512 acc[KVL__QDOT_MAX_T];
+  for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+  const __m256i lo4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+  for (int64_t b = 0; b < nb; b++, w += 210) {
+    for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 630 + o, _MM_HINT_T0);
+    float d = h2f(w + 208);
+    const int8_t *sc = (const int8_t *)(w + 192);
+    for (int n = 0; n < 2; n++) {
+      const uint8_t *ql = w + 64 * n, *qh = w + 128 + 32 * n;
+      __m256i av = _mm256_loadu_si256((const __m256i *)ql), c = _mm256_loadu_si256((const __m256i *)(ql + 32));
+      __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+      __m256i q1 = _mm256_or_si256(_mm256_and_si256(av, lo4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
+      __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, lo4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4));
+      __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(av, 4), lo4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4));
+      __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), lo4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
+      const int8_t *g = sc + 8 * n;
+      for (int k = 0; k < 2; k++) {
+        __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(k ? q3 : q1), k ? q4 : q2, 1);
+        float f0 = d * (float)g[4 * k], f1 = d * (float)g[4 * k + 1], f2 = d * (float)g[4 * k + 2],
+              f3 = d * (float)g[4 * k + 3];
+        __m512 ws = _mm512_set_ps(f3, f3, f3, f3, f2, f2, f2, f2, f1, f1, f1, f1, f0, f0, f0, f0);
+        unit_tokens(u, ws, _mm512_mul_ps(ws, _mm512_set1_ps(32.0f)), 4 * b + 2 * n + k, a, acc, T);
+      }
+    }
+  }
+  for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+#define VCASE(f, T)                                                                                            \
+  case T:                                                                                                      \
+    f(w, nb, a, out, T);                                                                                       \
+    break;
+#define VDISPATCH(f)                                                                                           \
+  static void f##_any(const uint8_t *w, int64_t nb, const struct vacts *a, float *out, int T) {              \
+    switch (T) {                                                                                               \
+      VCASE(f, 2) VCASE(f, 3) VCASE(f, 4) VCASE(f, 5) VCASE(f, 6) VCASE(f, 7) VCASE(f, 8) VCASE(f, 9)        \
+      VCASE(f, 10) VCASE(f, 11) VCASE(f, 12) VCASE(f, 13) VCASE(f, 14) VCASE(f, 15) VCASE(f, 16)             \
+    default: f(w, nb, a, out, 1);                                                                              \
+    }                                                                                                          \
+  }
+VDISPATCH(vdot_q8_0)
+VDISPATCH(vdot_q5_0)
+VDISPATCH(vdot_q4_k)
+VDISPATCH(vdot_q6_k)
+
+int kvl__qdot_vec_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *sx,
+                             const float *cx, int n_tokens, float *out) {
+  if (n_tokens < 1 || n_tokens > KVL__QDOT_MAX_T || K % 64) return KVL_EINVAL;
+  struct vacts a = {xq, sx, cx, K};
+  switch (type) {
+  case KVL_TYPE_Q8_0: vdot_q8_0_any(w, K / 32, &a, out, n_tokens); return 0;
+  case KVL_TYPE_Q5_0: vdot_q5_0_any(w, K / 32, &a, out, n_tokens); return 0;
+  case KVL_TYPE_Q4_K: vdot_q4_k_any(w, K / 256, &a, out, n_tokens); return 0;
+  case KVL_TYPE_Q6_K: vdot_q6_k_any(w, K / 256, &a, out, n_tokens); return 0;
+  default: return KVL_ENOTSUP;
+  }
+}
