@@ -40,6 +40,8 @@ static void usage(FILE *f) {
     "      --prefix N         prefix tokens n (default 256)\n"
     "      --cont M           continuation tokens m (default 32)\n"
     "      --boot R           bootstrap resamples (default 2000)\n"
+    "      --native-prefix N  the target computes the first N prefix positions itself (the\n"
+    "                         attention sink) and only positions N..n-2 are translated (default 0)\n"
     "  -o, --out DIR          where eval.json and eval.md go (default .)\n"
     "  -h, --help             this text\n"
     "\n"
@@ -120,17 +122,18 @@ static json_t *stat_json(const double *d, int n, int reps, uint64_t seed) {
 }
 
 int kvl_cli_eval(int argc, char **argv) {
-  enum { O_CORPUS = 1000, O_DOMAINS, O_SAMPLES, O_PREFIX, O_CONT, O_BOOT };
+  enum { O_CORPUS = 1000, O_DOMAINS, O_SAMPLES, O_PREFIX, O_CONT, O_BOOT, O_NATIVE };
   static const struct option opts[] = {
     {"model-a", required_argument, 0, 'a'}, {"model-b", required_argument, 0, 'b'},
     {"translator", required_argument, 0, 't'}, {"corpus", required_argument, 0, O_CORPUS},
     {"domains", required_argument, 0, O_DOMAINS}, {"samples", required_argument, 0, O_SAMPLES},
     {"prefix", required_argument, 0, O_PREFIX}, {"cont", required_argument, 0, O_CONT},
     {"boot", required_argument, 0, O_BOOT}, {"out", required_argument, 0, 'o'},
+    {"native-prefix", required_argument, 0, O_NATIVE},
     {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   const char *arg_a = NULL, *arg_b = NULL, *corpus = "translator/corpus/split.tsv", *out = ".";
   const char *domains = "code,prose";
-  int n_samples = 24, n = 256, m = 32, reps = 2000;
+  int n_samples = 24, n = 256, m = 32, reps = 2000, native = 0;
   struct tr_entry *tr = calloc((size_t)argc, sizeof(*tr));
   int nt = 0, c;
   optind = 1;
@@ -146,11 +149,13 @@ int kvl_cli_eval(int argc, char **argv) {
     case O_PREFIX: n = atoi(optarg); break;
     case O_CONT: m = atoi(optarg); break;
     case O_BOOT: reps = atoi(optarg); break;
+    case O_NATIVE: native = atoi(optarg); break;
     case 'h': usage(stdout); free(tr); return 0;
     default: usage(stderr); free(tr); return 2;
     }
   }
-  if (!arg_a || !arg_b || nt == 0 || n_samples < 2 || n < 2 || m < FIRST || reps < 100) {
+  if (!arg_a || !arg_b || nt == 0 || n_samples < 2 || n < 2 || m < FIRST || reps < 100 || native < 0 ||
+      native >= n - 1) {
     usage(stderr);
     free(tr);
     return 2;
@@ -191,9 +196,10 @@ int kvl_cli_eval(int argc, char **argv) {
     return 1;
   }
   mkdir(out, 0755);
-  json_t *res = json_object(), *cfgj = json_pack("{s:s,s:s,s:s,s:i,s:i,s:i,s:i}", "model_a", S[0].short_name,
+  json_t *res = json_object(), *cfgj = json_pack("{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:i}", "model_a", S[0].short_name,
                                                   "model_b", S[1].short_name, "corpus", corpus, "samples",
-                                                  n_samples, "prefix", n, "cont", m, "boot", reps);
+                                                  n_samples, "prefix", n, "cont", m, "boot", reps,
+                                                  "native_prefix", native);
   json_object_set_new(res, "config", cfgj);
   json_t *trj = json_object();
   json_object_set_new(res, "translators", trj);
@@ -262,11 +268,17 @@ int kvl_cli_eval(int argc, char **argv) {
         for (int32_t b = 0; b < nb; b++) table[b] = b;
         for (int32_t p = 0; p < n; p++) pos[p] = p;
         struct kvl_translate_span sp = {.src_layout = &Sr->kl, .src_base = Sr->pool, .src_table = Sr->table,
-                                        .src_rope = kvl_model_rope(Sr->m), .src_pos = pos,
+                                        .src_rope = kvl_model_rope(Sr->m), .src_pos = pos + native,
                                         .dst_layout = &T->kl, .dst_base = pool, .dst_table = table,
-                                        .dst_rope = kvl_model_rope(T->m), .dst_pos = pos, .n = n - 1};
+                                        .dst_rope = kvl_model_rope(T->m), .dst_pos = pos + native,
+                                        .n = n - 1 - native};
+        if (native > 0) { /* the first positions natively (logits discarded) */
+          float *tmp = malloc((size_t)native * V * sizeof(float));
+          rc = run_on(T, pool, table, ids, native, 0, tmp);
+          free(tmp);
+        }
         double ta = kvl_cli_now();
-        rc = kvl_translator_apply(tr[i].t, &sp, err, sizeof(err));
+        if (rc == 0) rc = kvl_translator_apply(tr[i].t, &sp, err, sizeof(err));
         tr[i].ms[si] = (kvl_cli_now() - ta) * 1e3;
         if (rc == 0) rc = run_on(T, pool, table, ids + n - 1, m, n - 1, lp_tr);
         if (rc == 0) {
