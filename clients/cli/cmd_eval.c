@@ -43,6 +43,7 @@ static void usage(FILE *f) {
     "      --native-prefix N  the target computes the first N prefix positions itself (the\n"
     "                         attention sink) and only positions N..n-2 are translated (default 0)\n"
     "  -o, --out DIR          where eval.json and eval.md go (default .)\n"
+    "      --write-scores     store each translator's held-out scores in its file (kvlingo.scores)\n"
     "  -h, --help             this text\n"
     "\n"
     "example: kvlingo eval -a qwen2.5-coder-0.5b -b qwen2.5-coder-1.5b \\\n"
@@ -122,18 +123,19 @@ static json_t *stat_json(const double *d, int n, int reps, uint64_t seed) {
 }
 
 int kvl_cli_eval(int argc, char **argv) {
-  enum { O_CORPUS = 1000, O_DOMAINS, O_SAMPLES, O_PREFIX, O_CONT, O_BOOT, O_NATIVE };
+  enum { O_CORPUS = 1000, O_DOMAINS, O_SAMPLES, O_PREFIX, O_CONT, O_BOOT, O_NATIVE, O_SCORES };
   static const struct option opts[] = {
     {"model-a", required_argument, 0, 'a'}, {"model-b", required_argument, 0, 'b'},
     {"translator", required_argument, 0, 't'}, {"corpus", required_argument, 0, O_CORPUS},
     {"domains", required_argument, 0, O_DOMAINS}, {"samples", required_argument, 0, O_SAMPLES},
     {"prefix", required_argument, 0, O_PREFIX}, {"cont", required_argument, 0, O_CONT},
     {"boot", required_argument, 0, O_BOOT}, {"out", required_argument, 0, 'o'},
-    {"native-prefix", required_argument, 0, O_NATIVE},
+    {"native-prefix", required_argument, 0, O_NATIVE}, {"write-scores", no_argument, 0, O_SCORES},
     {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   const char *arg_a = NULL, *arg_b = NULL, *corpus = "translator/corpus/split.tsv", *out = ".";
   const char *domains = "code,prose";
   int n_samples = 24, n = 256, m = 32, reps = 2000, native = 0;
+  bool write_scores = false;
   struct tr_entry *tr = calloc((size_t)argc, sizeof(*tr));
   int nt = 0, c;
   optind = 1;
@@ -150,6 +152,7 @@ int kvl_cli_eval(int argc, char **argv) {
     case O_CONT: m = atoi(optarg); break;
     case O_BOOT: reps = atoi(optarg); break;
     case O_NATIVE: native = atoi(optarg); break;
+    case O_SCORES: write_scores = true; break;
     case 'h': usage(stdout); free(tr); return 0;
     default: usage(stderr); free(tr); return 2;
     }
@@ -379,6 +382,29 @@ int kvl_cli_eval(int argc, char **argv) {
     json_object_set_new(e, "heldout_r2_v", rv);
   }
   json_object_set_new(res, "seconds", json_real(kvl_cli_now() - t_start));
+  for (int i = 0; i < nt && write_scores; i++) {
+    json_t *e = json_object_get(trj, tr[i].name), *sc = json_pack("{s:s,s:i,s:i,s:i,s:i}", "split", "heldout",
+                                                                   "samples", n_samples, "prefix", n, "cont", m,
+                                                                   "native_prefix", native);
+    const char *dn;
+    json_t *o;
+    json_object_foreach(json_object_get(e, "domains"), dn, o) {
+      json_t *d = json_object();
+      static const char *const keys[] = {"kl", "dlnppl", "nll16", "gain16_over_floor", "agree"};
+      for (int k = 0; k < 5; k++)
+        json_object_set(d, keys[k], json_object_get(o, keys[k]));
+      json_object_set_new(sc, dn, d);
+    }
+    char *txt = json_dumps(sc, JSON_COMPACT | JSON_REAL_PRECISION(5));
+    json_decref(sc);
+    char err2[512];
+    if (kvl_translator_set_scores_json(tr[i].t, txt) < 0 ||
+        kvl_translator_save(tr[i].t, tr[i].path, kvl_translator_dtype(tr[i].t), err2, sizeof(err2)) < 0)
+      fprintf(stderr, "kvlingo eval: could not store scores in %s\n", tr[i].path);
+    else
+      fprintf(stderr, "eval: scores stored in %s\n", tr[i].path);
+    free(txt);
+  }
   char path[4096];
   snprintf(path, sizeof(path), "%s/eval.json", out);
   json_dump_file(res, path, JSON_INDENT(1));
