@@ -9,7 +9,7 @@
 #include "kvl_kernels.h"
 #include "translator-impl.h"
 
-#define APPLY_CHUNK 256 /* tokens per sgemm: bounds the scratch at any span length */
+#define APPLY_CHUNK 1024 /* tokens per sgemm: bounds the scratch at any span length */
 
 /* Everything that can be refused, checked before anything is written. */
 static int check_span(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen) {
@@ -63,17 +63,18 @@ static int check_span(const kvl_translator_t *t, const struct kvl_translate_span
 /* Build the chunk's input matrix x[n][rows] of one map: its source layers' K (rotated
  * back) or V rows at src_pos[0..n), concatenated, then a 1 when affine. tmp: [n][w_S]. */
 static void gather(const kvl_translator_t *t, const struct kvl_translate_span *s, const struct kvl__tr_map *mp,
-                   bool keys, const int32_t *src_pos, int n, float *tmp, float *x) {
+                   bool keys, const int32_t *src_pos, int n, const float *cs, const float *sn, float *x) {
   int64_t ws = t->w_src, rows = mp->rows;
-  for (int j = 0; j < mp->nu; j++) {
-    for (int i = 0; i < n; i++) {
-      float *row = tmp + (size_t)i * ws;
+#pragma omp parallel for schedule(static) if (n * mp->nu > 64)
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < mp->nu; j++) {
+      float *row = x + (size_t)i * rows + (size_t)j * ws;
       kvl_kv_load(s->src_layout, s->src_base, mp->sources[j], src_pos[i], s->src_table, keys ? row : NULL,
                   keys ? NULL : row);
+      if (keys) /* un-rotate with this position's tables, made once per chunk */
+        kvl_rope_tab(cs + (size_t)i * (s->src_rope->head_dim / 2), sn + (size_t)i * (s->src_rope->head_dim / 2),
+                     row, 1, s->src_layout->n_kv_head, s->src_layout->head_dim, true);
     }
-    if (keys) kvl_rope(kvl_backend_cpu(), s->src_rope, tmp, src_pos, n, s->src_layout->n_kv_head, true);
-    for (int i = 0; i < n; i++) memcpy(x + (size_t)i * rows + (size_t)j * ws, tmp + (size_t)i * ws, (size_t)ws * 4);
-  }
   if (t->affine)
     for (int i = 0; i < n; i++) x[(size_t)i * rows + rows - 1] = 1.0f;
 }
@@ -87,26 +88,33 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
       if (t->maps[l][w].rows > max_rows) max_rows = t->maps[l][w].rows;
   int chunk = s->n < APPLY_CHUNK ? (int)s->n : APPLY_CHUNK;
   float *x = malloc((size_t)chunk * (size_t)max_rows * sizeof(float));
-  float *tmp = malloc((size_t)chunk * (size_t)t->w_src * sizeof(float));
+  int hs = s->src_rope->head_dim / 2, hd = s->dst_rope->head_dim / 2;
+  float *tab = malloc((size_t)chunk * (size_t)(2 * hs + 2 * hd) * sizeof(float)); /* per-position RoPE tables */
   float *yk = malloc((size_t)chunk * (size_t)t->w_dst * sizeof(float));
   float *yv = malloc((size_t)chunk * (size_t)t->w_dst * sizeof(float));
   int32_t *seq = calloc((size_t)chunk, sizeof(int32_t));
-  if (!x || !tmp || !yk || !yv || !seq) {
+  if (!x || !tab || !yk || !yv || !seq) {
     rc = kvl_errf(err, errlen, KVL_ENOMEM, "translating %d positions: out of memory for the scratch", (int)s->n);
     goto out;
   }
   const int32_t *tables[] = {s->dst_table};
   int wd = (int)t->w_dst;
-  for (int32_t l = 0; l < t->dst.n_layer; l++) {
-    const struct kvl__tr_map *mk = &t->maps[l][KVL_TRANSLATOR_K], *mv = &t->maps[l][KVL_TRANSLATOR_V];
-    for (int32_t i0 = 0; i0 < s->n; i0 += chunk) {
-      int n = s->n - i0 < chunk ? (int)(s->n - i0) : chunk;
-      const int32_t *sp = s->src_pos + i0, *dp = s->dst_pos + i0;
-      gather(t, s, mk, true, sp, n, tmp, x);
+  float *scs = tab, *ssn = tab + (size_t)chunk * hs, *dcs = ssn + (size_t)chunk * hs, *dsn = dcs + (size_t)chunk * hd;
+  /* chunk-major: the RoPE tables of a chunk's positions serve every layer */
+  for (int32_t i0 = 0; i0 < s->n; i0 += chunk) {
+    int n = s->n - i0 < chunk ? (int)(s->n - i0) : chunk;
+    const int32_t *sp = s->src_pos + i0, *dp = s->dst_pos + i0;
+    for (int i = 0; i < n; i++) {
+      kvl_rope_table(s->src_rope, sp[i], scs + (size_t)i * hs, ssn + (size_t)i * hs);
+      kvl_rope_table(s->dst_rope, dp[i], dcs + (size_t)i * hd, dsn + (size_t)i * hd);
+    }
+    for (int32_t l = 0; l < t->dst.n_layer; l++) {
+      const struct kvl__tr_map *mk = &t->maps[l][KVL_TRANSLATOR_K], *mv = &t->maps[l][KVL_TRANSLATOR_V];
+      gather(t, s, mk, true, sp, n, scs, ssn, x);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, wd, (int)mk->rows, 1.0f, x, (int)mk->rows, mk->data,
                   wd, 0.0f, yk, wd);
-      kvl_rope(kvl_backend_cpu(), s->dst_rope, yk, dp, n, s->dst_layout->n_kv_head, false);
-      gather(t, s, mv, false, sp, n, tmp, x);
+      kvl_rope_tab(dcs, dsn, yk, n, s->dst_layout->n_kv_head, s->dst_layout->head_dim, false);
+      gather(t, s, mv, false, sp, n, NULL, NULL, x);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, wd, (int)mv->rows, 1.0f, x, (int)mv->rows, mv->data,
                   wd, 0.0f, yv, wd);
       kvl_kv_store(s->dst_layout, s->dst_base, (int)l, n, yk, yv, dp, seq, tables);
@@ -114,7 +122,7 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
   }
 out:
   free(x);
-  free(tmp);
+  free(tab);
   free(yk);
   free(yv);
   free(seq);

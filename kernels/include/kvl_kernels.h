@@ -60,6 +60,12 @@ int kvl_rope_init(struct kvl_rope *r, int head_dim, float theta);
 /* cos/sin of position `pos` for every pair: the one table generator used by the
  * forward rotation, its inverse, and the oracles. */
 void kvl_rope_table(const struct kvl_rope *r, int32_t pos, float *cos_out, float *sin_out);
+/* Rotate x[T][n_heads * head_dim] with tables made by kvl_rope_table: cos_t, sin_t are
+ * [T][head_dim / 2] (one row per token). The same arithmetic as kvl_rope; for callers that
+ * rotate many rows at the same positions (translation: every layer, every source layer)
+ * and should not recompute the sines each time. */
+void kvl_rope_tab(const float *cos_t, const float *sin_t, float *x, int n_tokens, int n_heads, int head_dim,
+                  bool inverse);
 
 /* One attention call: for every token t of the batch, its query heads attend over the
  * positions 0 .. pos[t] of its sequence in the cache (causal), reading through the
