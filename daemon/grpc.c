@@ -510,6 +510,19 @@ static enum kvld_status gen_from_pb(struct kvld *d, const Kvlingo__V1__GenerateR
   return KVLD_OK;
 }
 
+
+/* Decode the request as `desc`; on failure answer INVALID_ARGUMENT naming the message and
+ * return NULL. Free with protobuf_c_message_free_unpacked. */
+static void *unpack(struct call *c, const ProtobufCMessageDescriptor *desc, const uint8_t *buf, size_t len) {
+  ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, len, buf);
+  if (!m) {
+    char msg[160];
+    snprintf(msg, sizeof(msg), "malformed %s (protobuf decoding failed)", desc->short_name);
+    send_status(c, KVLD_INVALID_ARGUMENT, msg, NULL);
+  }
+  return m;
+}
+
 /* ---- method handlers -------------------------------------------------------------------- */
 
 static void model_info(const struct kvld_model *m, Kvlingo__V1__ModelInfo *mi) {
@@ -562,33 +575,24 @@ static void handle_admin(struct call *c, const uint8_t *buf, size_t len) {
   char msg[600];
   switch (c->m) {
   case M_LOAD_MODEL: {
-    Kvlingo__V1__LoadModelRequest *q = kvlingo__v1__load_model_request__unpack(NULL, len, buf);
-    if (!q) {
-      send_status(c, KVLD_INVALID_ARGUMENT, "malformed LoadModelRequest", NULL);
-      return;
-    }
+    Kvlingo__V1__LoadModelRequest *q = unpack(c, &kvlingo__v1__load_model_request__descriptor, buf, len);
+    if (!q) return;
     c->admin_busy = true;
     kvld_admin_load_model(d, q->name, q->path, admin_reply, c);
     kvlingo__v1__load_model_request__free_unpacked(q, NULL);
     return;
   }
   case M_UNLOAD_MODEL: {
-    Kvlingo__V1__UnloadModelRequest *q = kvlingo__v1__unload_model_request__unpack(NULL, len, buf);
-    if (!q) {
-      send_status(c, KVLD_INVALID_ARGUMENT, "malformed UnloadModelRequest", NULL);
-      return;
-    }
+    Kvlingo__V1__UnloadModelRequest *q = unpack(c, &kvlingo__v1__unload_model_request__descriptor, buf, len);
+    if (!q) return;
     c->admin_busy = true;
     kvld_admin_unload_model(d, q->name, admin_reply, c);
     kvlingo__v1__unload_model_request__free_unpacked(q, NULL);
     return;
   }
   case M_LOAD_TRANSLATOR: {
-    Kvlingo__V1__LoadTranslatorRequest *q = kvlingo__v1__load_translator_request__unpack(NULL, len, buf);
-    if (!q) {
-      send_status(c, KVLD_INVALID_ARGUMENT, "malformed LoadTranslatorRequest", NULL);
-      return;
-    }
+    Kvlingo__V1__LoadTranslatorRequest *q = unpack(c, &kvlingo__v1__load_translator_request__descriptor, buf, len);
+    if (!q) return;
     int i = kvld_translator_add(d, q->path, msg, sizeof(msg));
     if (i < 0)
       send_status(c, i == KVL_EMISMATCH ? KVLD_FAILED_PRECONDITION : KVLD_INVALID_ARGUMENT, msg, NULL);
@@ -603,11 +607,8 @@ static void handle_admin(struct call *c, const uint8_t *buf, size_t len) {
     return;
   }
   case M_UNLOAD_TRANSLATOR: {
-    Kvlingo__V1__UnloadTranslatorRequest *q = kvlingo__v1__unload_translator_request__unpack(NULL, len, buf);
-    if (!q) {
-      send_status(c, KVLD_INVALID_ARGUMENT, "malformed UnloadTranslatorRequest", NULL);
-      return;
-    }
+    Kvlingo__V1__UnloadTranslatorRequest *q = unpack(c, &kvlingo__v1__unload_translator_request__descriptor, buf, len);
+    if (!q) return;
     if (kvld_translator_remove(d, q->source, q->target, msg, sizeof(msg)) < 0)
       send_status(c, KVLD_NOT_FOUND, msg, NULL);
     else {
@@ -667,11 +668,8 @@ static void handle(struct call *c) {
   const uint8_t *buf = data ? data : (const uint8_t *)"";
   switch (c->m) {
   case M_HEALTH_CHECK: {
-    Grpc__Health__V1__HealthCheckRequest *q = grpc__health__v1__health_check_request__unpack(NULL, len, buf);
-    if (!q) {
-      send_status(c, KVLD_INVALID_ARGUMENT, "malformed HealthCheckRequest", NULL);
-      break;
-    }
+    Grpc__Health__V1__HealthCheckRequest *q = unpack(c, &grpc__health__v1__health_check_request__descriptor, buf, len);
+    if (!q) break;
     if (q->service[0] && strcmp(q->service, "kvlingo.v1.Inference") != 0) {
       snprintf(msg, sizeof(msg), "unknown service '%s'", q->service);
       send_status(c, KVLD_NOT_FOUND, msg, NULL);
@@ -689,11 +687,8 @@ static void handle(struct call *c) {
     break;
   case M_GENERATE:
   case M_COMPLETE: {
-    Kvlingo__V1__GenerateRequest *q = kvlingo__v1__generate_request__unpack(NULL, len, buf);
-    if (!q) {
-      send_status(c, KVLD_INVALID_ARGUMENT, "malformed GenerateRequest (protobuf decoding failed)", NULL);
-      break;
-    }
+    Kvlingo__V1__GenerateRequest *q = unpack(c, &kvlingo__v1__generate_request__descriptor, buf, len);
+    if (!q) break;
     struct kvld_gen_params p;
     enum kvld_status st = gen_from_pb(d, q, &p, msg, sizeof(msg));
     kvlingo__v1__generate_request__free_unpacked(q, NULL);
@@ -705,11 +700,8 @@ static void handle(struct call *c) {
     break;
   }
   case M_TOKENIZE: {
-    Kvlingo__V1__TokenizeRequest *q = kvlingo__v1__tokenize_request__unpack(NULL, len, buf);
-    if (!q) {
-      send_status(c, KVLD_INVALID_ARGUMENT, "malformed TokenizeRequest", NULL);
-      break;
-    }
+    Kvlingo__V1__TokenizeRequest *q = unpack(c, &kvlingo__v1__tokenize_request__descriptor, buf, len);
+    if (!q) break;
     struct kvld_gen_params p;
     memset(&p, 0, sizeof(p));
     json_t *chat = NULL;
@@ -736,11 +728,8 @@ static void handle(struct call *c) {
     break;
   }
   case M_DETOKENIZE: {
-    Kvlingo__V1__DetokenizeRequest *q = kvlingo__v1__detokenize_request__unpack(NULL, len, buf);
-    if (!q) {
-      send_status(c, KVLD_INVALID_ARGUMENT, "malformed DetokenizeRequest", NULL);
-      break;
-    }
+    Kvlingo__V1__DetokenizeRequest *q = unpack(c, &kvlingo__v1__detokenize_request__descriptor, buf, len);
+    if (!q) break;
     int mi = kvld_model_find(d, q->model);
     if (mi < 0) {
       snprintf(msg, sizeof(msg), "unknown model '%s'", q->model);

@@ -28,6 +28,17 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
   if (T <= 0) return 0;
   for (int t = 0; t < T; t++)
     if (b->tokens[t] < 0 || b->tokens[t] >= hp->n_vocab || b->pos[t] < 0 || b->seq[t] < 0) return KVL_EINVAL;
+  /* The backend's approximate decode kernels only for batches of single decode tokens: a
+   * prefill chunk (two tokens of one sequence) or the attention sink (position 0) runs
+   * exact, so a prompt's cache does not depend on how its prefill was chunked or cached. */
+  if (T <= 64) {
+    bool exact = false;
+    for (int t = 0; t < T && !exact; t++) {
+      exact = b->pos[t] == 0;
+      for (int u = 0; u < t && !exact; u++) exact = b->seq[u] == b->seq[t];
+    }
+    if (exact) be = kvl_backend_exact(be);
+  }
 
   /* scratch: one allocation sliced by a size table (STYLE.md §8) */
   size_t sizes[] = {(size_t)T * E, (size_t)T * E, (size_t)T * E, (size_t)T * KV, (size_t)T * KV,

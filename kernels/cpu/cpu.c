@@ -322,6 +322,8 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level) {
   return NULL;
 }
 
+kvl_backend_t *kvl_backend_exact(kvl_backend_t *be) { return be == &be_avx512vnni ? &be_avx512 : be; }
+
 kvl_backend_t *kvl_backend_cpu(void) {
   static kvl_backend_t *chosen;
   if (chosen) return chosen;

@@ -51,6 +51,59 @@ static inline __m512 two_scales(float a, float b) {
   return _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
 }
 
+
+/* ---- unpacking weight units into unsigned codes (shared by both kernel families) ---- */
+
+/* Q8_0 blocks b, b+1 (34 bytes each): codes q + 128, as u8. */
+static inline __m512i q8_0_pair(const uint8_t *w) {
+  const __m256i flip = _mm256_set1_epi8((char)0x80);
+  __m256i wa = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)), flip);
+  __m256i wb = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 36)), flip);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(wa), wb, 1);
+}
+
+/* Q5_0 blocks b, b+1 (22 bytes each): 5-bit codes 0..31. */
+static inline __m512i q5_0_pair(const uint8_t *w) {
+  const __m128i lo4 = _mm_set1_epi8(0x0f);
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  __m256i v[2];
+  for (int k = 0; k < 2; k++) {
+    const uint8_t *blk = w + 22 * k;
+    __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6));
+    __m128i lo = _mm_and_si128(qs, lo4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), lo4);
+    __m256i u = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    v[k] = _mm256_mask_blend_epi8((__mmask32)qh, u, _mm256_or_si256(u, bit4));
+  }
+  return _mm512_inserti64x4(_mm512_castsi256_si512(v[0]), v[1], 1);
+}
+
+/* Q4_K: the 64 codes 0..15 of unit j (elements 64j..64j+63) of a block's 128 code bytes. */
+static inline __m512i q4_k_unit(const uint8_t *q, int j) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0f);
+  __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+  __m256i lo = _mm256_and_si256(raw, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* Q6_K: half n (elements 128n..128n+127) of a block as two units of 64 codes 0..63. */
+static inline void q6_k_half(const uint8_t *w, int n, __m512i u[2]) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+  const uint8_t *ql = w + 64 * n, *qh = w + 128 + 32 * n;
+  __m256i av = _mm256_loadu_si256((const __m256i *)ql), c = _mm256_loadu_si256((const __m256i *)(ql + 32));
+  __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+  __m256i q1 = _mm256_or_si256(_mm256_and_si256(av, lo4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
+  __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, lo4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4));
+  __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(av, 4), lo4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4));
+  __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), lo4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
+  u[0] = _mm512_inserti64x4(_mm512_castsi256_si512(q1), q2, 1);
+  u[1] = _mm512_inserti64x4(_mm512_castsi256_si512(q3), q4, 1);
+}
+
 /* Activations of T tokens: token t's codes at q + t*K, scales at d + t*K/32, sums of
  * 16 at s + t*K/16. Every kernel unpacks a weight unit once and uses it for all T. */
 struct acts { const int8_t *q; const float *d; const int32_t *s; int64_t K; int T; };
@@ -78,15 +131,10 @@ static inline __attribute__((always_inline)) void dot_q8_0_n(const uint8_t *w, i
   __m512 acc[KVL__QDOT_MAX_T];
   float corr[KVL__QDOT_MAX_T] = {0}, tail[KVL__QDOT_MAX_T] = {0};
   for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-  const __m256i flip = _mm256_set1_epi8((char)0x80);
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2, w += 68) {
     _mm_prefetch((const char *)w + 512, _MM_HINT_T0);
-    __m256i wa = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)), flip);
-    __m256i wb = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 36)), flip);
-    __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(wa), wb, 1);
-    float wda = h2f(w), wdb = h2f(w + 34);
-    pair_tokens(u, wda, wdb, b, a, acc, corr, T);
+    pair_tokens(q8_0_pair(w), h2f(w), h2f(w + 34), b, a, acc, corr, T);
   }
   for (; b < nb; b++, w += 34)
     for (int t = 0; t < T; t++) {
@@ -101,24 +149,10 @@ static inline __attribute__((always_inline)) void dot_q5_0_n(const uint8_t *w, i
   __m512 acc[KVL__QDOT_MAX_T];
   float corr[KVL__QDOT_MAX_T] = {0}, tail[KVL__QDOT_MAX_T] = {0};
   for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-  const __m128i lo4 = _mm_set1_epi8(0x0f);
-  const __m256i bit4 = _mm256_set1_epi8(0x10);
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2, w += 44) {
     _mm_prefetch((const char *)w + 384, _MM_HINT_T0);
-    __m256i v[2];
-    for (int k = 0; k < 2; k++) {
-      const uint8_t *blk = w + 22 * k;
-      __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6));
-      __m128i lo = _mm_and_si128(qs, lo4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), lo4);
-      __m256i u = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-      uint32_t qh;
-      memcpy(&qh, blk + 2, 4);
-      v[k] = _mm256_mask_blend_epi8((__mmask32)qh, u, _mm256_or_si256(u, bit4));
-    }
-    __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(v[0]), v[1], 1);
-    float wda = h2f(w), wdb = h2f(w + 22);
-    pair_tokens(u, wda, wdb, b, a, acc, corr, T);
+    pair_tokens(q5_0_pair(w), h2f(w), h2f(w + 22), b, a, acc, corr, T);
   }
   for (; b < nb; b++, w += 22) {
     uint32_t qh;
@@ -151,7 +185,6 @@ static inline __attribute__((always_inline)) void dot_q4_k_n(const uint8_t *w, i
   __m512 acc[KVL__QDOT_MAX_T];
   float mins[KVL__QDOT_MAX_T] = {0};
   for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-  const __m256i lo4 = _mm256_set1_epi8(0x0f);
   for (int64_t b = 0; b < nb; b++, w += 144) {
     _mm_prefetch((const char *)w + 576, _MM_HINT_T0); /* 4 blocks ahead */
     _mm_prefetch((const char *)w + 640, _MM_HINT_T0);
@@ -159,9 +192,7 @@ static inline __attribute__((always_inline)) void dot_q4_k_n(const uint8_t *w, i
     float d = h2f(w), dmin = h2f(w + 2);
     const uint8_t *sc = w + 4, *q = w + 16;
     for (int j = 0; j < 4; j++) {
-      __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
-      __m256i lo = _mm256_and_si256(raw, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-      __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      __m512i u = q4_k_unit(q, j);
       int s0, m0, s1, m1;
       scale_min_k4(2 * j, sc, &s0, &m0);
       scale_min_k4(2 * j + 1, sc, &s1, &m1);
@@ -183,25 +214,16 @@ static inline __attribute__((always_inline)) void dot_q6_k_n(const uint8_t *w, i
   __m512 acc[KVL__QDOT_MAX_T];
   float corr[KVL__QDOT_MAX_T] = {0};
   for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-  const __m256i lo4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
   for (int64_t b = 0; b < nb; b++, w += 210) {
     for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 630 + o, _MM_HINT_T0); /* 3 blocks ahead */
     float d = h2f(w + 208);
     const int8_t *sc = (const int8_t *)(w + 192);
     for (int n = 0; n < 2; n++) {
-      const uint8_t *ql = w + 64 * n, *qh = w + 128 + 32 * n;
-      __m256i av = _mm256_loadu_si256((const __m256i *)ql), c = _mm256_loadu_si256((const __m256i *)(ql + 32));
-      __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-      __m256i q1 = _mm256_or_si256(_mm256_and_si256(av, lo4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
-      __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, lo4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4));
-      __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(av, 4), lo4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4));
-      __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), lo4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
+      __m512i units[2];
+      q6_k_half(w, n, units);
       const int8_t *g = sc + 8 * n; /* 8 group scales of 16 */
       for (int k = 0; k < 2; k++) { /* elements 64k .. 64k+63 of this half */
-        __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(k ? q3 : q1), k ? q4 : q2, 1);
+        __m512i u = units[k];
         float dg[4];
         for (int tt = 0; tt < 4; tt++) dg[tt] = d * (float)g[4 * k + tt];
         for (int t = 0; t < T; t++) {
@@ -299,14 +321,10 @@ static inline __attribute__((always_inline)) void vdot_q8_0(const uint8_t *w, in
                                                            float *out, const int T) {
   __m512 acc[KVL__QDOT_MAX_T];
   for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-  const __m256i flip = _mm256_set1_epi8((char)0x80);
   for (int64_t p = 0; p < nb / 2; p++, w += 68) {
     _mm_prefetch((const char *)w + 512, _MM_HINT_T0);
-    __m256i wa = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)), flip);
-    __m256i wb = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 36)), flip);
-    __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(wa), wb, 1);
     float wda = h2f(w), wdb = h2f(w + 34);
-    unit_tokens(u, two_scales(wda, wdb), two_scales(128.0f * wda, 128.0f * wdb), p, a, acc, T);
+    unit_tokens(q8_0_pair(w), two_scales(wda, wdb), two_scales(128.0f * wda, 128.0f * wdb), p, a, acc, T);
   }
   for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
@@ -315,23 +333,10 @@ static inline __attribute__((always_inline)) void vdot_q5_0(const uint8_t *w, in
                                                            float *out, const int T) {
   __m512 acc[KVL__QDOT_MAX_T];
   for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-  const __m128i lo4 = _mm_set1_epi8(0x0f);
-  const __m256i bit4 = _mm256_set1_epi8(0x10);
   for (int64_t p = 0; p < nb / 2; p++, w += 44) {
     _mm_prefetch((const char *)w + 384, _MM_HINT_T0);
-    __m256i v[2];
-    for (int k = 0; k < 2; k++) {
-      const uint8_t *blk = w + 22 * k;
-      __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6));
-      __m128i lo = _mm_and_si128(qs, lo4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), lo4);
-      __m256i uu = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-      uint32_t qh;
-      memcpy(&qh, blk + 2, 4);
-      v[k] = _mm256_mask_blend_epi8((__mmask32)qh, uu, _mm256_or_si256(uu, bit4));
-    }
-    __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(v[0]), v[1], 1);
     float wda = h2f(w), wdb = h2f(w + 22);
-    unit_tokens(u, two_scales(wda, wdb), two_scales(16.0f * wda, 16.0f * wdb), p, a, acc, T);
+    unit_tokens(q5_0_pair(w), two_scales(wda, wdb), two_scales(16.0f * wda, 16.0f * wdb), p, a, acc, T);
   }
   for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
@@ -340,7 +345,6 @@ static inline __attribute__((always_inline)) void vdot_q4_k(const uint8_t *w, in
                                                            float *out, const int T) {
   __m512 acc[KVL__QDOT_MAX_T];
   for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-  const __m256i lo4 = _mm256_set1_epi8(0x0f);
   for (int64_t b = 0; b < nb; b++, w += 144) {
     _mm_prefetch((const char *)w + 576, _MM_HINT_T0);
     _mm_prefetch((const char *)w + 640, _MM_HINT_T0);
@@ -348,13 +352,10 @@ static inline __attribute__((always_inline)) void vdot_q4_k(const uint8_t *w, in
     float d = h2f(w), dmin = h2f(w + 2);
     const uint8_t *sc = w + 4, *q = w + 16;
     for (int j = 0; j < 4; j++) {
-      __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
-      __m256i lo = _mm256_and_si256(raw, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-      __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
       int s0, m0, s1, m1;
       scale_min_k4(2 * j, sc, &s0, &m0);
       scale_min_k4(2 * j + 1, sc, &s1, &m1);
-      unit_tokens(u, two_scales(d * (float)s0, d * (float)s1), two_scales(dmin * (float)m0, dmin * (float)m1),
+      unit_tokens(q4_k_unit(q, j), two_scales(d * (float)s0, d * (float)s1), two_scales(dmin * (float)m0, dmin * (float)m1),
                   4 * b + j, a, acc, T);
     }
   }
@@ -365,25 +366,16 @@ static inline __attribute__((always_inline)) void vdot_q6_k(const uint8_t *w, in
                                                            float *out, const int T) {
   __m512 acc[KVL__QDOT_MAX_T];
   for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-  const __m256i lo4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
   for (int64_t b = 0; b < nb; b++, w += 210) {
     for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 630 + o, _MM_HINT_T0);
     float d = h2f(w + 208);
     const int8_t *sc = (const int8_t *)(w + 192);
     for (int n = 0; n < 2; n++) {
-      const uint8_t *ql = w + 64 * n, *qh = w + 128 + 32 * n;
-      __m256i av = _mm256_loadu_si256((const __m256i *)ql), c = _mm256_loadu_si256((const __m256i *)(ql + 32));
-      __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-      __m256i q1 = _mm256_or_si256(_mm256_and_si256(av, lo4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
-      __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, lo4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4));
-      __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(av, 4), lo4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4));
-      __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), lo4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
+      __m512i units[2];
+      q6_k_half(w, n, units);
       const int8_t *g = sc + 8 * n;
       for (int k = 0; k < 2; k++) {
-        __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(k ? q3 : q1), k ? q4 : q2, 1);
+        __m512i u = units[k];
         float f0 = d * (float)g[4 * k], f1 = d * (float)g[4 * k + 1], f2 = d * (float)g[4 * k + 2],
               f3 = d * (float)g[4 * k + 3];
         __m512 ws = _mm512_set_ps(f3, f3, f3, f3, f2, f2, f2, f2, f1, f1, f1, f1, f0, f0, f0, f0);

@@ -121,6 +121,10 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level);
  * pass on the slow truth, for tests. */
 kvl_backend_t *kvl_backend_ref(void);
 const char *kvl_backend_name(const kvl_backend_t *be);
+/* The same backend without its approximations (the CPU's int8-activation decode kernels):
+ * for batches whose numerics should not depend on how they were batched — prefill chunks
+ * and the attention sink at position 0. Returns be itself when it has none. */
+kvl_backend_t *kvl_backend_exact(kvl_backend_t *be);
 bool kvl_backend_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t weight_type);
 
 /* y[T][rows] = x[T][cols] · Wᵀ + bias */

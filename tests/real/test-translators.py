@@ -29,7 +29,8 @@ if len(files) < 2:
     sys.exit(1)
 failed = 0
 with tempfile.TemporaryDirectory() as out:
-    cmd = [kvlingo, "eval", "-a", a, "-b", b, "--samples", "4", "--prefix", "128", "--cont", "16",
+    corpus = os.path.join(os.path.dirname(os.path.abspath(maps)), "corpus", "split.tsv")
+    cmd = [kvlingo, "eval", "-a", a, "-b", b, "--corpus", corpus, "--samples", "4", "--prefix", "128", "--cont", "16",
            "--domains", "code", "--boot", "200", "-o", out]
     for f in files:
         cmd += ["-t", f]
