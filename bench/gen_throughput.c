@@ -85,7 +85,8 @@ int main(int argc, char **argv) {
     case 'n': n_tokens = atoi(optarg); break;
     case 'c': {
       n_conc = 0;
-      for (char *t = strtok(optarg, ","); t && n_conc < 8; t = strtok(NULL, ",")) conc[n_conc++] = atoi(t);
+      for (const char *t = optarg; *t && n_conc < 8; t += strcspn(t, ",") + (t[strcspn(t, ",")] == ',')) /* argv kept */
+        conc[n_conc++] = atoi(t);
       break;
     }
     case 'P': share = true; break;
