@@ -120,7 +120,7 @@ struct kvld_model {
   int sched_id;               /* the scheduler's model index */
   int32_t max_model_len;
   char kv_dtype[8];
-  char disk_path[1100];       /* its disk tier's file */
+  char disk_path[1300];       /* its disk tier's file */
   struct kvld_model_metrics mx;
   bool active;                /* in the scheduler and resolvable by name */
   bool unloading;             /* name no longer resolves; waiting for its requests */

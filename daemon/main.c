@@ -117,7 +117,9 @@ static int load_models(struct kvld *d, kvl_sched_t *s, char *err, size_t errlen)
       for (char *q = cmd + 1; *q; q++)
         if (*q == '/') { *q = 0; mkdir(cmd, 0700); *q = '/'; }
       mkdir(cmd, 0700);
-      snprintf(m->disk_path, sizeof(m->disk_path), "%s/%s.%d.kv", d->cfg.spill_dir, m->name, (int)getpid());
+      char path[sizeof(m->disk_path)]; /* built apart: source and destination both live in *d */
+      snprintf(path, sizeof(path), "%s/%s.%d.kv", cmd, d->cfg.models[i].name, (int)getpid());
+      memcpy(m->disk_path, path, sizeof(path));
     }
     struct kvl_sched_model sm;
     kvld_model_sched_cfg(m, &d->cfg.models[i], &sm);
