@@ -263,8 +263,16 @@ enum kvld_status kvld_req_start(struct kvld *d, struct kvld_gen_params *p, kvld_
 /* The client went away or its deadline passed: end the request now (its blocks are freed
  * within one engine step); the sink is still called once more with done set. */
 void kvld_req_cancel(struct kvld_req *r);
-/* Move pending output to the caller (malloc'd copies, or NULL/0 when nothing). */
-void kvld_req_take(struct kvld_req *r, char **text, size_t *len, int32_t **ids, float **lps, int *n);
+/* Pending output moved to a sink (malloc'd, NULL/0 when nothing); kvld_out_free frees. */
+struct kvld_out {
+  char *text;
+  size_t len;
+  int32_t *ids;
+  float *lps; /* one per id */
+  int n;
+};
+void kvld_req_take(struct kvld_req *r, struct kvld_out *o);
+void kvld_out_free(struct kvld_out *o);
 /* The sink is finished with the request: free it (after done). */
 void kvld_req_release(struct kvld_req *r);
 const char *kvld_finish_name(enum kvld_finish f); /* "stop", "length", "abort", "error" */

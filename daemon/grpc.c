@@ -250,23 +250,19 @@ static void pump(struct call *c) {
     c->req = NULL;
     return;
   }
-  char *text;
-  size_t len;
-  int32_t *ids;
-  float *lps;
-  int n;
-  kvld_req_take(r, &text, &len, &ids, &lps, &n);
-  if (!len && !n && !r->done) return;
+  struct kvld_out o;
+  kvld_req_take(r, &o);
+  if (!o.len && !o.n && !r->done) return;
   Kvlingo__V1__GenerateResponse m = KVLINGO__V1__GENERATE_RESPONSE__INIT;
   Kvlingo__V1__Usage u = KVLINGO__V1__USAGE__INIT;
   Kvlingo__V1__Timings t = KVLINGO__V1__TIMINGS__INIT;
   m.model = r->d->models[r->p.model].name;
-  m.text = text ? text : "";
-  m.n_token_ids = (size_t)n;
-  m.token_ids = ids;
+  m.text = o.text ? o.text : "";
+  m.n_token_ids = (size_t)o.n;
+  m.token_ids = o.ids;
   if (r->p.logprobs) {
-    m.n_logprobs = (size_t)n;
-    m.logprobs = lps;
+    m.n_logprobs = (size_t)o.n;
+    m.logprobs = o.lps;
   }
   m.request_id = r->p.request_id;
   if (r->done) {
@@ -288,9 +284,7 @@ static void pump(struct call *c) {
   ops[k].op = GRPC_OP_SEND_MESSAGE;
   ops[k].data.send_message.send_message = c->out;
   k++;
-  free(text);
-  free(ids);
-  free(lps);
+  kvld_out_free(&o);
   c->send_busy = true;
   start_batch(c, ops, k, &c->t_send);
 }
@@ -303,28 +297,22 @@ static void generate_sink(struct kvld_req *r, void *ud) {
 /* Complete: collect everything, answer once. */
 static void complete_sink(struct kvld_req *r, void *ud) {
   struct call *c = ud;
-  char *text;
-  size_t len;
-  int32_t *ids;
-  float *lps;
-  int n;
-  kvld_req_take(r, &text, &len, &ids, &lps, &n);
-  if (len) {
-    c->acc_text = realloc(c->acc_text, c->acc_len + len + 1);
-    memcpy(c->acc_text + c->acc_len, text, len);
-    c->acc_len += len;
+  struct kvld_out o;
+  kvld_req_take(r, &o);
+  if (o.len) {
+    c->acc_text = realloc(c->acc_text, c->acc_len + o.len + 1);
+    memcpy(c->acc_text + c->acc_len, o.text, o.len);
+    c->acc_len += o.len;
     c->acc_text[c->acc_len] = 0;
   }
-  if (n) {
-    c->acc_ids = realloc(c->acc_ids, (size_t)(c->acc_n + n) * sizeof(int32_t));
-    c->acc_lps = realloc(c->acc_lps, (size_t)(c->acc_n + n) * sizeof(float));
-    memcpy(c->acc_ids + c->acc_n, ids, (size_t)n * sizeof(int32_t));
-    memcpy(c->acc_lps + c->acc_n, lps, (size_t)n * sizeof(float));
-    c->acc_n += n;
+  if (o.n) {
+    c->acc_ids = realloc(c->acc_ids, (size_t)(c->acc_n + o.n) * sizeof(int32_t));
+    c->acc_lps = realloc(c->acc_lps, (size_t)(c->acc_n + o.n) * sizeof(float));
+    memcpy(c->acc_ids + c->acc_n, o.ids, (size_t)o.n * sizeof(int32_t));
+    memcpy(c->acc_lps + c->acc_n, o.lps, (size_t)o.n * sizeof(float));
+    c->acc_n += o.n;
   }
-  free(text);
-  free(ids);
-  free(lps);
+  kvld_out_free(&o);
   if (!r->done) return;
   if (!c->cancelled) {
     if (r->status != KVLD_OK)

@@ -227,14 +227,12 @@ static void hconn_free(struct hconn *c) {
 
 static void http_sink(struct kvld_req *r, void *ud) {
   struct hconn *c = ud;
-  char *text;
-  size_t len;
-  int32_t *ids;
-  float *lps;
-  int n;
-  kvld_req_take(r, &text, &len, &ids, &lps, &n);
-  free(ids);
-  free(lps);
+  struct kvld_out o;
+  kvld_req_take(r, &o);
+  char *text = o.text;
+  size_t len = o.len;
+  free(o.ids);
+  free(o.lps);
   if (c->conn_done) { /* the client is gone */
     free(text);
     if (r->done) {

@@ -290,17 +290,20 @@ void kvld_req_cancel(struct kvld_req *r) {
   kvl_engine_cancel(r->d->engine, r->engine_id);
 }
 
-void kvld_req_take(struct kvld_req *r, char **text, size_t *len, int32_t **ids, float **lps, int *n) {
-  *text = r->text;
-  *len = r->text_len;
-  *ids = r->ids;
-  *lps = r->lps;
-  *n = r->n_ids;
+void kvld_req_take(struct kvld_req *r, struct kvld_out *o) {
+  *o = (struct kvld_out){r->text, r->text_len, r->ids, r->lps, r->n_ids};
   r->text = NULL;
   r->text_len = r->text_cap = 0;
   r->ids = NULL;
   r->lps = NULL;
   r->n_ids = r->cap_ids = 0;
+}
+
+void kvld_out_free(struct kvld_out *o) {
+  free(o->text);
+  free(o->ids);
+  free(o->lps);
+  memset(o, 0, sizeof(*o));
 }
 
 void kvld_req_release(struct kvld_req *r) {
