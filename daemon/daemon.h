@@ -119,6 +119,8 @@ struct kvld_model {
   kvl_template_t *tmpl;       /* NULL when the model has no chat template */
   int sched_id;               /* the scheduler's model index */
   int32_t max_model_len;
+  int32_t eog[8];             /* its end-of-generation ids, found once at load */
+  int n_eog;
   char kv_dtype[8];
   char disk_path[1300];       /* its disk tier's file */
   struct kvld_model_metrics mx;
@@ -254,6 +256,11 @@ struct kvld_req {
 enum kvld_status kvld_prepare(struct kvld *d, const char *model, const char *text, size_t text_len,
                               const int32_t *ids, size_t n_ids, const void *chat_json, bool continue_final,
                               struct kvld_gen_params *p, char *msg, size_t msglen);
+/* Stop conditions, shared by the front ends: the model's end-of-generation ids (unless
+ * p->ignore_eos) + `ids` (each checked against the vocabulary) into p->stop_ids, and the
+ * non-empty `strings` into p->stops. A status with a message naming the bad one. */
+enum kvld_status kvld_set_stops(struct kvld *d, struct kvld_gen_params *p, const int32_t *ids, size_t n_ids,
+                                const char *const *strings, size_t n_strings, char *msg, size_t msglen);
 /* Sampling fields into p->sampling, validated (the sampler's own checks). */
 enum kvld_status kvld_check_sampling(struct kvld *d, struct kvld_gen_params *p, char *msg, size_t msglen);
 /* Start: takes ownership of p. On failure (status != OK) nothing is left to free and no

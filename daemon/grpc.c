@@ -436,9 +436,12 @@ static enum kvld_status gen_from_pb(struct kvld *d, const Kvlingo__V1__GenerateR
     text_len = strlen(q->text);
     break;
   case KVLINGO__V1__GENERATE_REQUEST__INPUT_TOKENS:
+    if (q->tokens->n_ids == 0) {
+      snprintf(msg, msglen, "the prompt is empty (no token ids)");
+      return KVLD_INVALID_ARGUMENT;
+    }
     ids = q->tokens->ids;
     n_ids = q->tokens->n_ids;
-    if (!ids) ids = (const int32_t *)"", n_ids = 0;
     break;
   case KVLINGO__V1__GENERATE_REQUEST__INPUT_CHAT:
     chat = json_array();
@@ -456,11 +459,7 @@ static enum kvld_status gen_from_pb(struct kvld *d, const Kvlingo__V1__GenerateR
     snprintf(msg, msglen, "a chat message is not valid UTF-8");
     return KVLD_INVALID_ARGUMENT;
   }
-  if (ids && n_ids == 0) {
-    snprintf(msg, msglen, "the prompt is empty (no token ids)");
-    return KVLD_INVALID_ARGUMENT;
-  }
-  st = kvld_prepare(d, q->model, text, text_len, n_ids ? ids : NULL, n_ids, chat, cont, p, msg, msglen);
+  st = kvld_prepare(d, q->model, text, text_len, ids, n_ids, chat, cont, p, msg, msglen);
   json_decref(chat);
   if (st != KVLD_OK) return st;
   if ((st = sampling_from_pb(q->sampling, p, msg, msglen)) != KVLD_OK) return st;
@@ -470,32 +469,8 @@ static enum kvld_status gen_from_pb(struct kvld *d, const Kvlingo__V1__GenerateR
   p->ignore_eos = q->ignore_eos;
   snprintf(p->request_id, sizeof(p->request_id), "%s", q->request_id ? q->request_id : "");
   if ((st = kvld_check_sampling(d, p, msg, msglen)) != KVLD_OK) return st;
-  /* stop ids: the model's end-of-generation tokens (unless ignore_eos) + the request's */
-  struct kvld_model *m = &d->models[p->model];
-  int nv = kvl_model_hparams(m->m)->n_vocab;
-  p->stop_ids = malloc((q->n_stop_token_ids + 8) * sizeof(int32_t));
-  if (!p->stop_ids) return KVLD_RESOURCE_EXHAUSTED;
-  if (!q->ignore_eos)
-    for (int32_t id = 0; id < nv && p->n_stop_ids < 4; id++)
-      if (kvl_tokenizer_is_eog(m->tk, id)) p->stop_ids[p->n_stop_ids++] = id;
-  for (size_t i = 0; i < q->n_stop_token_ids; i++) {
-    if (q->stop_token_ids[i] < 0 || q->stop_token_ids[i] >= nv) {
-      snprintf(msg, msglen, "stop token id %d is outside the vocabulary [0, %d)", q->stop_token_ids[i], nv);
-      return KVLD_INVALID_ARGUMENT;
-    }
-    p->stop_ids[p->n_stop_ids++] = q->stop_token_ids[i];
-  }
-  if (q->n_stop) {
-    p->stops = calloc(q->n_stop + 1, sizeof(char *));
-    for (size_t i = 0; i < q->n_stop; i++) {
-      if (!q->stop[i][0]) {
-        snprintf(msg, msglen, "stop string %zu is empty", i);
-        return KVLD_INVALID_ARGUMENT;
-      }
-      p->stops[i] = strdup(q->stop[i]);
-    }
-  }
-  return KVLD_OK;
+  return kvld_set_stops(d, p, q->stop_token_ids, q->n_stop_token_ids, (const char *const *)q->stop, q->n_stop, msg,
+                        msglen);
 }
 
 

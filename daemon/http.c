@@ -432,26 +432,17 @@ static enum kvld_status openai_start(struct hconn *c, char *msg, size_t msglen) 
   }
   if ((st = kvld_check_sampling(d, &p, msg, msglen)) != KVLD_OK) goto fail;
   struct kvld_model *m = &d->models[p.model];
-  int nv = kvl_model_hparams(m->m)->n_vocab;
-  p.stop_ids = malloc(8 * sizeof(int32_t));
   p.ignore_eos = json_is_true(json_object_get(j, "ignore_eos"));
-  if (!p.ignore_eos)
-    for (int32_t id = 0; id < nv && p.n_stop_ids < 4; id++)
-      if (kvl_tokenizer_is_eog(m->tk, id)) p.stop_ids[p.n_stop_ids++] = id;
   json_t *stop = json_object_get(j, "stop");
-  if (json_is_string(stop) || json_is_array(stop)) {
-    size_t ns = json_is_string(stop) ? 1 : json_array_size(stop);
-    p.stops = calloc(ns + 1, sizeof(char *));
-    for (size_t i = 0; i < ns; i++) {
-      json_t *sv = json_is_string(stop) ? stop : json_array_get(stop, i);
-      if (!json_is_string(sv) || !json_string_length(sv)) {
-        snprintf(msg, msglen, "stop[%zu] must be a non-empty string", i);
-        st = KVLD_INVALID_ARGUMENT;
-        goto fail;
-      }
-      p.stops[i] = strdup(json_string_value(sv));
-    }
+  size_t ns = json_is_string(stop) ? 1 : json_is_array(stop) ? json_array_size(stop) : 0;
+  const char **strs = calloc(ns + 1, sizeof(char *));
+  for (size_t i = 0; i < ns; i++) {
+    json_t *sv = json_is_string(stop) ? stop : json_array_get(stop, i);
+    strs[i] = json_is_string(sv) ? json_string_value(sv) : NULL; /* refused below as empty */
   }
+  st = kvld_set_stops(d, &p, NULL, 0, strs, ns, msg, msglen);
+  free(strs);
+  if (st != KVLD_OK) goto fail;
   c->stream = json_is_true(json_object_get(j, "stream"));
   c->include_usage = json_is_true(json_object_get(json_object_get(j, "stream_options"), "include_usage"));
   snprintf(c->model, sizeof(c->model), "%s", m->name);

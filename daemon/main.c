@@ -75,6 +75,9 @@ int kvld_model_open(struct kvld_model *m, const struct kvld_model_cfg *mc, char 
     m->tmpl = NULL; /* chat input will be refused for this model */
   const struct kvl_model_hparams *hp = kvl_model_hparams(m->m);
   m->max_model_len = mc->max_model_len < hp->n_ctx_train ? mc->max_model_len : hp->n_ctx_train;
+  m->n_eog = 0; /* once here, not per request: a scan of the vocabulary */
+  for (int32_t id = 0; id < hp->n_vocab && m->n_eog < 8; id++)
+    if (kvl_tokenizer_is_eog(m->tk, id)) m->eog[m->n_eog++] = id;
   kvld_hist_init(&m->mx.ttft, kvld_ttft_buckets, kvld_n_ttft_buckets);
   kvld_hist_init(&m->mx.itl, kvld_itl_buckets, kvld_n_itl_buckets);
   kvld_hist_init(&m->mx.e2e, kvld_e2e_buckets, kvld_n_e2e_buckets);

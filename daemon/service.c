@@ -125,6 +125,30 @@ enum kvld_status kvld_check_sampling(struct kvld *d, struct kvld_gen_params *p, 
   return KVLD_OK;
 }
 
+enum kvld_status kvld_set_stops(struct kvld *d, struct kvld_gen_params *p, const int32_t *ids, size_t n_ids,
+                                const char *const *strings, size_t n_strings, char *msg, size_t msglen) {
+  const struct kvld_model *m = &d->models[p->model];
+  int nv = kvl_model_hparams(m->m)->n_vocab;
+  p->stop_ids = malloc((n_ids + (size_t)m->n_eog + 1) * sizeof(int32_t));
+  p->stops = calloc(n_strings + 1, sizeof(char *));
+  if (!p->stop_ids || !p->stops) return fail(msg, msglen, KVLD_RESOURCE_EXHAUSTED, "out of memory");
+  p->n_stop_ids = 0;
+  if (!p->ignore_eos)
+    for (int i = 0; i < m->n_eog; i++) p->stop_ids[p->n_stop_ids++] = m->eog[i];
+  for (size_t i = 0; i < n_ids; i++) {
+    if (ids[i] < 0 || ids[i] >= nv)
+      return fail(msg, msglen, KVLD_INVALID_ARGUMENT, "stop token id %d is outside the vocabulary [0, %d)", (int)ids[i],
+                  nv);
+    p->stop_ids[p->n_stop_ids++] = ids[i];
+  }
+  for (size_t i = 0; i < n_strings; i++) {
+    if (!strings[i] || !strings[i][0])
+      return fail(msg, msglen, KVLD_INVALID_ARGUMENT, "stop string %zu is empty", i);
+    if (!(p->stops[i] = strdup(strings[i]))) return fail(msg, msglen, KVLD_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  return KVLD_OK;
+}
+
 /* ---- the request's life --------------------------------------------------------------- */
 
 static void append_text(struct kvld_req *r, const char *s, size_t n) {

@@ -62,6 +62,7 @@ struct model_side {
   void *pool;
   int32_t *table;
   float *lp, *lp_floor; /* m × V log-probs: native, no context */
+  double *sy, *syy, *cnt; /* per layer and K/V: sums of the native pre-RoPE cache (R²'s centring) */
 };
 
 struct tr_entry {
@@ -70,7 +71,7 @@ struct tr_entry {
   kvl_translator_t *t;
   int src, dst;   /* indices into the two sides */
   double *nll, *nll16, *kl, *agree, *ms; /* per sample of the current domain */
-  double *sse, *sy, *syy, *cnt; /* per target layer and K/V: R² accumulators (sy per column) */
+  double *sse;    /* per target layer and K/V: squared error of the translated cache */
 };
 
 /* Run tokens at positions p0.. of an existing cache, logits for all of them (log-probs). */
@@ -95,20 +96,17 @@ static double nll_of(const float *lp, const int32_t *y, int from, int to, int V)
 }
 
 static int open_model(struct model_side *s, const char *arg, char *err, size_t errlen) {
-  s->path = kvl_model_resolve(arg);
-  if (!s->path) return kvl_errf(err, errlen, KVL_ENOENT, "model '%s' not found (scripts/fetch-models)", arg);
-  int rc = kvl_model_open(s->path, &s->m, err, errlen);
-  if (rc == 0) rc = kvl_tokenizer_from_gguf(kvl_model_gguf(s->m), &s->tk, err, errlen);
-  if (rc == 0) rc = kvl_fingerprint_from_gguf(kvl_model_gguf(s->m), &s->fp, err, errlen);
+  struct kvl_cli_model cm;
+  int rc = kvl_cli_model_open(&cm, arg, err, errlen);
+  s->path = cm.path;
+  memcpy(s->short_name, cm.short_name, sizeof(s->short_name));
+  s->m = cm.m;
+  s->tk = cm.tk;
+  s->fp = cm.fp;
   if (rc < 0) return rc;
-  const char *b = strrchr(s->path, '/');
-  snprintf(s->short_name, sizeof(s->short_name), "%s", b ? b + 1 : s->path);
-  char *cut = strstr(s->short_name, "-instruct");
-  if (!cut) cut = strstr(s->short_name, ".gguf");
-  if (cut) *cut = 0;
   s->kl = kvl_model_kv_layout(s->m, KVL_KV_F32);
-  s->L = s->fp.n_layer;
-  s->w = kvl_fingerprint_kv_width(&s->fp);
+  s->L = cm.L;
+  s->w = cm.w;
   s->V = kvl_model_hparams(s->m)->n_vocab;
   return 0;
 }
@@ -183,11 +181,7 @@ int kvl_cli_eval(int argc, char **argv) {
     }
     tr[i].dst = 1 - tr[i].src;
     struct model_side *T = &S[tr[i].dst];
-    size_t lw = (size_t)T->L * 2;
-    tr[i].sse = calloc(lw, sizeof(double));
-    tr[i].syy = calloc(lw, sizeof(double));
-    tr[i].cnt = calloc(lw, sizeof(double));
-    tr[i].sy = calloc(lw * (size_t)T->w, sizeof(double));
+    tr[i].sse = calloc((size_t)T->L * 2, sizeof(double));
     tr[i].nll = malloc((size_t)n_samples * sizeof(double));
     tr[i].nll16 = malloc((size_t)n_samples * sizeof(double));
     tr[i].kl = malloc((size_t)n_samples * sizeof(double));
@@ -221,6 +215,9 @@ int kvl_cli_eval(int argc, char **argv) {
   for (int k = 0; k < 2; k++) {
     S[k].lp = malloc((size_t)m * V * sizeof(float));
     S[k].lp_floor = malloc((size_t)m * V * sizeof(float));
+    S[k].sy = calloc((size_t)S[k].L * 2 * (size_t)S[k].w, sizeof(double));
+    S[k].syy = calloc((size_t)S[k].L * 2, sizeof(double));
+    S[k].cnt = calloc((size_t)S[k].L * 2, sizeof(double));
   }
   float *lp_tr = malloc((size_t)m * V * sizeof(float));
   double *nat_nll[2], *nat_nll16[2], *fl_nll[2], *fl_nll16[2];
@@ -262,6 +259,23 @@ int kvl_cli_eval(int argc, char **argv) {
         kvl_log_softmax(S[k].lp_floor, m, V);
         fl_nll[k][si] = nll_of(S[k].lp_floor, y, 0, m, V);
         fl_nll16[k][si] = nll_of(S[k].lp_floor, y, 0, FIRST, V);
+        /* the native cache's pre-RoPE sums, once per sample: R²'s total sum of squares */
+        for (int l = 0; l < S[k].L; l++)
+          for (int32_t p = 0; p < n - 1; p++) {
+            float *kn = ka, *vn = ka + S[k].w;
+            kvl_kv_load(&S[k].kl, S[k].pool, l, p, S[k].table, kn, vn);
+            kvl_rope(kvl_backend_cpu(), kvl_model_rope(S[k].m), kn, &p, 1, S[k].kl.n_kv_head, true);
+            for (int kv = 0; kv < 2; kv++) {
+              const float *b = kv ? vn : kn;
+              size_t li = (size_t)l * 2 + kv;
+              double *sy = S[k].sy + li * S[k].w;
+              for (int64_t q = 0; q < S[k].w; q++) {
+                sy[q] += b[q];
+                S[k].syy[li] += (double)b[q] * b[q];
+              }
+              S[k].cnt[li] += 1;
+            }
+          }
       }
       for (int i = 0; i < nt && rc == 0; i++) {
         struct model_side *Sr = &S[tr[i].src], *T = &S[tr[i].dst];
@@ -295,25 +309,18 @@ int kvl_cli_eval(int argc, char **argv) {
           }
           tr[i].kl[si] = kl / m;
           tr[i].agree[si] = ag / m;
-          /* held-out R² of the translated cache against the native one, pre-RoPE */
+          /* held-out R² of the translated cache against the native one: the squared error is
+           * the same before and after RoPE (a rotation at the same position), so no un-rotation */
           float *kt = ka, *vt = ka + T->w, *kn = ka + 2 * T->w, *vn = ka + 3 * T->w;
           for (int l = 0; l < T->L; l++)
             for (int32_t p = 0; p < n - 1; p++) {
               kvl_kv_load(&T->kl, pool, l, p, table, kt, vt);
               kvl_kv_load(&T->kl, T->pool, l, p, T->table, kn, vn);
-              kvl_rope(kvl_backend_cpu(), kvl_model_rope(T->m), kt, &p, 1, T->kl.n_kv_head, true);
-              kvl_rope(kvl_backend_cpu(), kvl_model_rope(T->m), kn, &p, 1, T->kl.n_kv_head, true);
               for (int kv = 0; kv < 2; kv++) {
                 const float *a = kv ? vt : kt, *b = kv ? vn : kn;
-                size_t li = (size_t)l * 2 + kv;
-                double *sy = tr[i].sy + li * T->w;
-                for (int64_t q = 0; q < T->w; q++) {
-                  double d = (double)a[q] - b[q];
-                  tr[i].sse[li] += d * d;
-                  sy[q] += b[q];
-                  tr[i].syy[li] += (double)b[q] * b[q];
-                }
-                tr[i].cnt[li] += 1;
+                double e = 0;
+                for (int64_t q = 0; q < T->w; q++) e += ((double)a[q] - b[q]) * ((double)a[q] - b[q]);
+                tr[i].sse[(size_t)l * 2 + kv] += e;
               }
             }
         }
@@ -373,8 +380,8 @@ int kvl_cli_eval(int argc, char **argv) {
     for (int l = 0; l < T->L; l++)
       for (int kv = 0; kv < 2; kv++) {
         size_t li = (size_t)l * 2 + kv;
-        double sst = tr[i].syy[li], *sy = tr[i].sy + li * T->w;
-        for (int64_t q = 0; q < T->w; q++) sst -= sy[q] * sy[q] / tr[i].cnt[li];
+        double sst = T->syy[li], *sy = T->sy + li * T->w;
+        for (int64_t q = 0; q < T->w; q++) sst -= sy[q] * sy[q] / T->cnt[li];
         json_array_append_new(kv ? rv : rk, json_real(round((1 - tr[i].sse[li] / sst) * 1e4) / 1e4));
       }
     json_t *e = json_object_get(trj, tr[i].name);

@@ -47,39 +47,6 @@ static void usage(FILE *f) {
     "example: kvlingo fit -a qwen2.5-coder-0.5b -b qwen2.5-coder-1.5b --nu 1,2,4\n");
 }
 
-struct side {
-  const char *arg;
-  char *path, short_name[128];
-  kvl_model_t *m;
-  kvl_tokenizer_t *tk;
-  struct kvl_model_fingerprint fp;
-  int L;
-  int64_t w;
-};
-
-static int open_side(struct side *s, char *err, size_t errlen) {
-  s->path = kvl_model_resolve(s->arg);
-  if (!s->path) return kvl_errf(err, errlen, KVL_ENOENT, "model '%s' not found (scripts/fetch-models)", s->arg);
-  int rc = kvl_model_open(s->path, &s->m, err, errlen);
-  if (rc < 0) return rc;
-  if ((rc = kvl_tokenizer_from_gguf(kvl_model_gguf(s->m), &s->tk, err, errlen)) < 0) return rc;
-  if ((rc = kvl_fingerprint_from_gguf(kvl_model_gguf(s->m), &s->fp, err, errlen)) < 0) return rc;
-  const char *b = strrchr(s->path, '/');
-  snprintf(s->short_name, sizeof(s->short_name), "%s", b ? b + 1 : s->path);
-  char *cut = strstr(s->short_name, "-instruct");
-  if (!cut) cut = strstr(s->short_name, ".gguf");
-  if (cut) *cut = 0;
-  s->L = s->fp.n_layer;
-  s->w = kvl_fingerprint_kv_width(&s->fp);
-  return 0;
-}
-
-static void close_side(struct side *s) {
-  kvl_tokenizer_free(s->tk);
-  kvl_model_free(s->m);
-  free(s->path);
-}
-
 /* "1,2,4" -> ints; returns count. */
 static int parse_ints(const char *s, int *out, int max) {
   int n = 0;
@@ -112,7 +79,7 @@ static int mkdirs(const char *dir) {
 }
 
 /* Capture both models over one split into statistics, resuming from a checkpoint. */
-static int capture_split(struct side *A, struct side *B, const struct kvl_corpus_opts *co, const char *work,
+static int capture_split(struct kvl_cli_model *A, struct kvl_cli_model *B, const struct kvl_corpus_opts *co, const char *work,
                          const char *split, const char *tag, double sink_weight, kvl_fit_stats_t **out, char *err,
                          size_t errlen) {
   char final[4000], partial[4100];
@@ -210,7 +177,7 @@ struct fit_cfg {
 
 /* Solve every variant of one direction; write translators and add to the report. */
 static int solve_direction(const kvl_fit_stats_t *fit, const kvl_fit_stats_t *val, enum kvl_fit_dir dir,
-                           struct side *S, struct side *T, const struct fit_cfg *cfg, json_t *report, char *err,
+                           struct kvl_cli_model *S, struct kvl_cli_model *T, const struct fit_cfg *cfg, json_t *report, char *err,
                            size_t errlen) {
   int rc = 0;
   int Ls = S->L, Lt = T->L;
@@ -352,7 +319,8 @@ int kvl_cli_fit(int argc, char **argv) {
     {"kind", required_argument, 0, O_KIND}, {"lambdas", required_argument, 0, O_LAMBDAS},
     {"work", required_argument, 0, O_WORK}, {"out", required_argument, 0, 'o'},
     {"dtype", required_argument, 0, O_DTYPE}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-  struct side A = {0}, B = {0};
+  struct kvl_cli_model A = {0}, B = {0};
+  const char *arg_a = NULL, *arg_b = NULL;
   const char *corpus = "translator/corpus/split.tsv", *work = NULL;
   int64_t tokens = 32768, val_tokens = 8192;
   int ctx = 512, chat_every = 4;
@@ -363,8 +331,8 @@ int kvl_cli_fit(int argc, char **argv) {
   optind = 1;
   while ((c = getopt_long(argc, argv, "a:b:o:h", opts, NULL)) != -1) {
     switch (c) {
-    case 'a': A.arg = optarg; break;
-    case 'b': B.arg = optarg; break;
+    case 'a': arg_a = optarg; break;
+    case 'b': arg_b = optarg; break;
     case 'o': cfg.out = optarg; break;
     case O_CORPUS: corpus = optarg; break;
     case O_TOKENS: tokens = atoll(optarg); break;
@@ -394,7 +362,7 @@ int kvl_cli_fit(int argc, char **argv) {
     default: usage(stderr); return 2;
     }
   }
-  if (!A.arg || !B.arg || ctx < 16 || tokens < ctx || val_tokens < 1 || cfg.n_nu < 1 || cfg.n_lambda < 1 ||
+  if (!arg_a || !arg_b || ctx < 16 || tokens < ctx || val_tokens < 1 || cfg.n_nu < 1 || cfg.n_lambda < 1 ||
       sink <= 0) {
     usage(stderr);
     return 2;
@@ -415,26 +383,26 @@ int kvl_cli_fit(int argc, char **argv) {
     return 1;
   }
   char err[512];
-  int rc = open_side(&A, err, sizeof(err));
-  if (rc == 0) rc = open_side(&B, err, sizeof(err));
+  int rc = kvl_cli_model_open(&A, arg_a, err, sizeof(err));
+  if (rc == 0) rc = kvl_cli_model_open(&B, arg_b, err, sizeof(err));
   if (rc < 0) {
     fprintf(stderr, "kvlingo fit: %s\n", err);
-    close_side(&A);
-    close_side(&B);
+    kvl_cli_model_close(&A);
+    kvl_cli_model_close(&B);
     return 1;
   }
   if (strcmp(A.fp.tokenizer_hash, B.fp.tokenizer_hash) != 0) {
     fprintf(stderr, "kvlingo fit: %s and %s have different tokenizers (%s, %s); only same-tokenizer pairs are "
                     "supported so far\n", A.short_name, B.short_name, A.fp.tokenizer_hash, B.fp.tokenizer_hash);
-    close_side(&A);
-    close_side(&B);
+    kvl_cli_model_close(&A);
+    kvl_cli_model_close(&B);
     return 1;
   }
   for (int i = 0; i < cfg.n_nu; i++)
     if (cfg.nus[i] > A.L || cfg.nus[i] > B.L) {
       fprintf(stderr, "kvlingo fit: nu %d exceeds a model's %d layers\n", cfg.nus[i], A.L < B.L ? A.L : B.L);
-      close_side(&A);
-      close_side(&B);
+      kvl_cli_model_close(&A);
+      kvl_cli_model_close(&B);
       return 2;
     }
   char tag[1024];
@@ -482,7 +450,7 @@ int kvl_cli_fit(int argc, char **argv) {
   json_decref(report);
   kvl_fit_stats_free(fit);
   kvl_fit_stats_free(val);
-  close_side(&A);
-  close_side(&B);
+  kvl_cli_model_close(&A);
+  kvl_cli_model_close(&B);
   return rc < 0 ? 1 : 0;
 }

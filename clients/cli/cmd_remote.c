@@ -132,6 +132,19 @@ static int rpc_finish(struct rpc *r) {
   return code;
 }
 
+/* A unary call: the reply decoded as `desc` (NULL on failure), *code the gRPC status. */
+static ProtobufCMessage *unary(struct conn *c, const char *method, const ProtobufCMessage *req,
+                               const ProtobufCMessageDescriptor *desc, double timeout_s, int *code) {
+  struct rpc r;
+  rpc_start(c, &r, method, req, timeout_s);
+  size_t len;
+  uint8_t *msg = rpc_next(&r, &len);
+  ProtobufCMessage *m = msg ? protobuf_c_message_unpack(desc, NULL, len, msg) : NULL;
+  free(msg);
+  *code = rpc_finish(&r);
+  return m;
+}
+
 static const char *finish_name(Kvlingo__V1__FinishReason f) {
   switch (f) {
   case KVLINGO__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
@@ -394,12 +407,8 @@ int kvl_cli_models(int argc, char **argv) {
   if (rc) return rc == 1 ? 0 : 2;
   conn_open(&c);
   Kvlingo__V1__ListModelsRequest q = KVLINGO__V1__LIST_MODELS_REQUEST__INIT;
-  struct rpc r;
-  rpc_start(&c, &r, "/kvlingo.v1.Inference/ListModels", &q.base, 10);
-  size_t len;
-  uint8_t *msg = rpc_next(&r, &len);
-  Kvlingo__V1__ListModelsResponse *m = msg ? kvlingo__v1__list_models_response__unpack(NULL, len, msg) : NULL;
-  free(msg);
+  Kvlingo__V1__ListModelsResponse *m = (Kvlingo__V1__ListModelsResponse *)unary(
+      &c, "/kvlingo.v1.Inference/ListModels", &q.base, &kvlingo__v1__list_models_response__descriptor, 10, &rc);
   if (m) {
     if (c.json) {
       json_t *j = json_pack("{s:[],s:[]}", "models", "translators");
@@ -429,7 +438,6 @@ int kvl_cli_models(int argc, char **argv) {
     }
     kvlingo__v1__list_models_response__free_unpacked(m, NULL);
   }
-  rc = rpc_finish(&r);
   conn_close(&c);
   return rc == 0 && m ? 0 : 1;
 }
@@ -441,16 +449,11 @@ int kvl_cli_health(int argc, char **argv) {
   if (rc) return rc == 1 ? 0 : 2;
   conn_open(&c);
   Grpc__Health__V1__HealthCheckRequest q = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
-  struct rpc r;
-  rpc_start(&c, &r, "/grpc.health.v1.Health/Check", &q.base, 5);
-  size_t len;
-  uint8_t *msg = rpc_next(&r, &len);
-  Grpc__Health__V1__HealthCheckResponse *m = msg ? grpc__health__v1__health_check_response__unpack(NULL, len, msg) : NULL;
-  free(msg);
+  Grpc__Health__V1__HealthCheckResponse *m = (Grpc__Health__V1__HealthCheckResponse *)unary(
+      &c, "/grpc.health.v1.Health/Check", &q.base, &grpc__health__v1__health_check_response__descriptor, 5, &rc);
   bool ok = m && m->status == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
   printf("%s %s\n", c.server, !m ? "UNREACHABLE" : ok ? "SERVING" : "NOT_SERVING");
   if (m) grpc__health__v1__health_check_response__free_unpacked(m, NULL);
-  rc = rpc_finish(&r);
   conn_close(&c);
   return ok && rc == 0 ? 0 : 1;
 }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "kvl_error.h"
 
 double kvl_cli_now(void) {
   struct timespec ts;
@@ -28,4 +29,29 @@ void kvl_cli_progress(const char *what, int64_t done, int64_t total, double t0) 
   fprintf(stderr, "%s%-14s [%s] %lld/%lld  %5.0fs elapsed  ETA %5.0fs%s", isatty(2) ? "\r" : "", what, bar,
           (long long)done, (long long)total, el, eta, isatty(2) && done < total ? "" : "\n");
   fflush(stderr);
+}
+
+int kvl_cli_model_open(struct kvl_cli_model *s, const char *arg, char *err, size_t errlen) {
+  memset(s, 0, sizeof(*s));
+  s->path = kvl_model_resolve(arg);
+  if (!s->path) return kvl_errf(err, errlen, KVL_ENOENT, "model '%s' not found (scripts/fetch-models)", arg);
+  int rc = kvl_model_open(s->path, &s->m, err, errlen);
+  if (rc == 0) rc = kvl_tokenizer_from_gguf(kvl_model_gguf(s->m), &s->tk, err, errlen);
+  if (rc == 0) rc = kvl_fingerprint_from_gguf(kvl_model_gguf(s->m), &s->fp, err, errlen);
+  if (rc < 0) return rc;
+  const char *b = strrchr(s->path, '/');
+  snprintf(s->short_name, sizeof(s->short_name), "%s", b ? b + 1 : s->path);
+  char *cut = strstr(s->short_name, "-instruct");
+  if (!cut) cut = strstr(s->short_name, ".gguf");
+  if (cut) *cut = 0;
+  s->L = s->fp.n_layer;
+  s->w = kvl_fingerprint_kv_width(&s->fp);
+  return 0;
+}
+
+void kvl_cli_model_close(struct kvl_cli_model *s) {
+  kvl_tokenizer_free(s->tk);
+  kvl_model_free(s->m);
+  free(s->path);
+  memset(s, 0, sizeof(*s));
 }
