@@ -3,7 +3,8 @@
 
   - the Helm chart renders with the real Helm 4 engine (deploy/helm/render) for its
     default values and the variants in deploy/helm/kvlingo/ci/, and Helm's linter
-    passes on each; impossible combinations are refused with a message
+    passes on each; misspelt values (values.schema.json) and impossible combinations
+    are refused with a message
   - every rendered object validates against the Kubernetes schemas of the oldest and
     newest supported versions (kubernetes-validate, strict: unknown fields refused);
     the two custom resources (ServiceMonitor, ScaledObject) against the field lists in
@@ -230,7 +231,9 @@ check(not by_kind(rendered["default, no Prometheus Operator"], "ServiceMonitor")
 tmpd = tempfile.mkdtemp(prefix="kvl-chart-test-")
 for values, word in (("kvlingod: {drainSeconds: 120}\nterminationGracePeriodSeconds: 60\n", "shorter than"),
                      ("autoscaling: {enabled: true}\nkeda: {enabled: true}\n", "turn one off"),
-                     ("workload: DaemonSet\n", "Deployment or StatefulSet"),
+                     ("workload: DaemonSet\n", "'Deployment', 'StatefulSet'"),
+                     ("replicas: 3\n", "additional properties 'replicas'"),
+                     ("kvlingod: {models: [{name: a, path: b, hot_mb: 64}]}\n", "additional properties 'hot_mb'"),
                      ("spill: {persistent: true}\n", "StatefulSet")):
     f = os.path.join(tmpd, "v.yaml")
     with open(f, "w") as fh:
@@ -239,7 +242,8 @@ for values, word in (("kvlingod: {drainSeconds: 120}\nterminationGracePeriodSeco
         render.render([f])
         check(False, f"refused: {values.strip()!r} rendered")
     except Exception as e:  # noqa: BLE001
-        check(word in str(e), f"refused: {values.strip()!r}: {str(e)[-120:]}")
+        msg = next((ln.strip() for ln in str(e).splitlines() if word in ln), str(e)[-160:])
+        check(word in str(e), f"refused: {values.strip()!r}: {msg[-160:]}")
 
 # ---- kvlingod accepts every ConfigMap's configuration ------------------------------------
 tiny = os.path.join(tmpd, "tiny.gguf")
