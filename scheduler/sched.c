@@ -1,4 +1,5 @@
 /* sched.c — continuous batching (see kvl_sched.h). */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,8 +8,11 @@
 
 #include "kvl_error.h"
 #include "kvl_sched.h"
+#include "kvl_translator.h"
 
 #define MAX_MODELS 8
+#define MAX_XLAT 32
+#define CONV_BUCKETS 1024
 
 enum phase { P_WAITING, P_RUNNING, P_DONE };
 
@@ -26,6 +30,25 @@ struct req {
   enum kvl_reuse reuse;
   kvl_line_t *line;      /* NULL while waiting */
   int32_t computed;      /* positions of seq with KV in the line */
+  uint64_t conv;         /* conversation key, 0 = stateless */
+  bool no_translate;
+  /* translation sources while the line is being extended: other models' lines (forks of
+   * kept lines, or attached from their prefix caches), usable up to src_len */
+  kvl_line_t *src[MAX_MODELS];
+  int32_t src_len[MAX_MODELS];
+  bool sources_open;
+  kvl_line_t *carry;     /* the line it leaves at a handoff: the next model's source */
+  int carry_model;
+  /* routing */
+  struct {
+    bool on;
+    int to;
+    int32_t window;
+    float max_mean_entropy, min_logprob;
+  } cascade;
+  float *win_h, *win_lp;  /* the cascade window's entropies and log-probs (ring) */
+  int32_t win_n;
+  int prefill_then;      /* model to hand off to once all but the last token are computed, -1 */
   kvl_sampler_t *sampler;
   kvl_token_cb cb;
   void *ud;
@@ -36,6 +59,19 @@ struct req {
   bool in_batch;         /* scheduled in the current step */
   int32_t logit_row;     /* row of this step's logits, or -1 */
   struct req *next;      /* in the model's list (all live requests) */
+};
+
+struct xlat {
+  int src, dst;
+  const struct kvl_translator *t;
+  kvl_writer_t writer;
+};
+
+struct conv {
+  uint64_t key;
+  kvl_line_t *line[MAX_MODELS];
+  double last_used;
+  struct conv *next;     /* bucket chain */
 };
 
 struct model {
@@ -50,6 +86,11 @@ struct kvl_sched {
   struct model models[MAX_MODELS];
   int n_models;
   uint64_t next_id, arrivals;
+  struct xlat xlat[MAX_XLAT];
+  int n_xlat;
+  kvl_writer_t next_writer;
+  struct conv *conv[CONV_BUCKETS];
+  int32_t n_conv;
   /* step scratch */
   int32_t *tok, *pos, *seqi;
   int8_t *want;
@@ -72,6 +113,7 @@ int kvl_sched_new(const struct kvl_sched_config *c, kvl_sched_t **out) {
   if (s->cfg.step_tokens <= 0) s->cfg.step_tokens = 512;
   if (s->cfg.max_seqs <= 0) s->cfg.max_seqs = 64;
   s->next_id = 1;
+  s->next_writer = 1;
   size_t n = (size_t)s->cfg.step_tokens + (size_t)s->cfg.max_seqs;
   s->cap_tok = n;
   s->tok = malloc(n * sizeof(int32_t));
@@ -86,14 +128,19 @@ int kvl_sched_new(const struct kvl_sched_config *c, kvl_sched_t **out) {
 }
 
 static void finish(kvl_sched_t *s, struct model *m, struct req *r, enum kvl_finish_reason why, int32_t token, float lp);
+static void conv_keep(kvl_sched_t *s, uint64_t key, int model, kvl_line_t *l);
+static void close_sources(struct req *r);
+
+static void conv_free_all(kvl_sched_t *s);
 
 void kvl_sched_free(kvl_sched_t *s) {
   if (!s) return;
   for (int i = 0; i < s->n_models; i++) {
     struct model *m = &s->models[i];
     while (m->reqs) finish(s, m, m->reqs, KVL_DONE_CANCELLED, -1, 0);
-    kvl_pool_free(m->pool);
   }
+  conv_free_all(s);
+  for (int i = 0; i < s->n_models; i++) kvl_pool_free(s->models[i].pool);
   free(s->tok); free(s->pos); free(s->seqi); free(s->want); free(s->tables); free(s->batch); free(s->logits);
   free(s);
 }
@@ -130,6 +177,13 @@ int kvl_sched_remove_model(kvl_sched_t *s, int model_id, char *err, size_t errle
   struct model *m = &s->models[model_id];
   if (m->reqs)
     return kvl_errf(err, errlen, KVL_EBUSY, "model '%s' still has %d requests", m->cfg.name, (int)m->n_reqs);
+  for (int b = 0; b < CONV_BUCKETS; b++)
+    for (struct conv *c = s->conv[b]; c; c = c->next) {
+      kvl_line_free(c->line[model_id]);
+      c->line[model_id] = NULL;
+    }
+  for (int i = s->n_xlat - 1; i >= 0; i--)
+    if (s->xlat[i].src == model_id || s->xlat[i].dst == model_id) s->xlat[i] = s->xlat[--s->n_xlat];
   kvl_pool_free(m->pool);
   memset(m, 0, sizeof(*m));
   return 0;
@@ -143,7 +197,157 @@ bool kvl_sched_idle(const kvl_sched_t *s) {
   return true;
 }
 
+/* ---- conversations ------------------------------------------------------------------ */
+
+static struct conv *conv_get(kvl_sched_t *s, uint64_t key, bool create) {
+  struct conv **head = &s->conv[key % CONV_BUCKETS];
+  for (struct conv *c = *head; c; c = c->next)
+    if (c->key == key) return c;
+  if (!create) return NULL;
+  struct conv *c = calloc(1, sizeof(*c));
+  if (!c) return NULL;
+  c->key = key;
+  c->last_used = now_ms();
+  c->next = *head;
+  *head = c;
+  s->n_conv++;
+  return c;
+}
+
+/* The request's line becomes the conversation's line in `model` (the old one goes). */
+static void conv_keep(kvl_sched_t *s, uint64_t key, int model, kvl_line_t *l) {
+  struct conv *c = conv_get(s, key, true);
+  if (!c) { kvl_line_free(l); return; } /* out of memory: only the reuse is lost */
+  kvl_line_commit(l);
+  kvl_line_free(c->line[model]);
+  c->line[model] = l;
+  c->last_used = now_ms();
+}
+
+static void conv_release(struct conv *c) {
+  for (int i = 0; i < MAX_MODELS; i++) kvl_line_free(c->line[i]);
+  free(c);
+}
+
+static void conv_free_all(kvl_sched_t *s) {
+  for (int b = 0; b < CONV_BUCKETS; b++)
+    while (s->conv[b]) {
+      struct conv *c = s->conv[b];
+      s->conv[b] = c->next;
+      conv_release(c);
+    }
+  s->n_conv = 0;
+}
+
+const kvl_line_t *kvl_sched_conversation_line(const kvl_sched_t *s, uint64_t key, int model) {
+  if (model < 0 || model >= MAX_MODELS) return NULL;
+  for (const struct conv *c = s->conv[key % CONV_BUCKETS]; c; c = c->next)
+    if (c->key == key) return c->line[model];
+  return NULL;
+}
+
+int kvl_sched_conversation_drop(kvl_sched_t *s, uint64_t key) {
+  for (struct conv **pp = &s->conv[key % CONV_BUCKETS]; *pp; pp = &(*pp)->next)
+    if ((*pp)->key == key) {
+      struct conv *c = *pp;
+      *pp = c->next;
+      conv_release(c);
+      s->n_conv--;
+      return 0;
+    }
+  return KVL_ENOENT;
+}
+
+int32_t kvl_sched_conversations_expire(kvl_sched_t *s, double idle_ms) {
+  double t = now_ms();
+  int32_t n = 0;
+  for (int b = 0; b < CONV_BUCKETS; b++)
+    for (struct conv **pp = &s->conv[b]; *pp;) {
+      struct conv *c = *pp;
+      if (t - c->last_used > idle_ms) {
+        *pp = c->next;
+        conv_release(c);
+        s->n_conv--;
+        n++;
+      } else {
+        pp = &c->next;
+      }
+    }
+  return n;
+}
+
+int32_t kvl_sched_conversations(const kvl_sched_t *s) { return s->n_conv; }
+
+/* Pool pressure: the least recently used kept line of model `mi` that is still hot goes
+ * to the cold tier (or, when that frees nothing, is let go: its committed blocks stay in
+ * the prefix cache). False when there is none. */
+static bool conv_shed(kvl_sched_t *s, int mi) {
+  struct conv *lru = NULL;
+  for (int b = 0; b < CONV_BUCKETS; b++)
+    for (struct conv *c = s->conv[b]; c; c = c->next)
+      if (c->line[mi] && kvl_line_is_hot(c->line[mi]) && (!lru || c->last_used < lru->last_used)) lru = c;
+  if (!lru) return false;
+  kvl_pool_t *p = kvl_line_pool(lru->line[mi]);
+  int32_t before = kvl_pool_available(p);
+  if (kvl_line_offload(lru->line[mi]) < 0 || kvl_pool_available(p) <= before) {
+    kvl_line_free(lru->line[mi]);
+    lru->line[mi] = NULL;
+  }
+  return true;
+}
+
+/* ---- translators -------------------------------------------------------------------- */
+
+static bool model_ok(const kvl_sched_t *s, int i) { return i >= 0 && i < s->n_models && s->models[i].pool; }
+
+static struct xlat *xlat_find(kvl_sched_t *s, int src, int dst) {
+  for (int i = 0; i < s->n_xlat; i++)
+    if (s->xlat[i].src == src && s->xlat[i].dst == dst) return &s->xlat[i];
+  return NULL;
+}
+
+int kvl_sched_add_translator(kvl_sched_t *s, int src, int dst, const struct kvl_translator *t, char *err,
+                             size_t errlen) {
+  if (!t || !model_ok(s, src) || !model_ok(s, dst) || src == dst)
+    return kvl_errf(err, errlen, KVL_EINVAL, "translator: models %d -> %d are not two resident models", src, dst);
+  const struct kvl_kv_layout *ls = kvl_pool_layout(s->models[src].pool), *ld = kvl_pool_layout(s->models[dst].pool);
+  const struct kvl_model_fingerprint *fs = kvl_translator_source(t), *fd = kvl_translator_target(t);
+  if (fs->n_layer != ls->n_layer || fs->n_kv_head != ls->n_kv_head || fs->head_dim != ls->head_dim ||
+      fd->n_layer != ld->n_layer || fd->n_kv_head != ld->n_kv_head || fd->head_dim != ld->head_dim)
+    return kvl_errf(err, errlen, KVL_EMISMATCH, "translator %s -> %s does not fit models '%s' -> '%s' (layers, KV heads or head size)",
+                    fs->name, fd->name, s->models[src].cfg.name, s->models[dst].cfg.name);
+  struct xlat *x = xlat_find(s, src, dst);
+  if (!x) {
+    if (s->n_xlat == MAX_XLAT) return kvl_errf(err, errlen, KVL_EFULL, "at most %d translators", MAX_XLAT);
+    x = &s->xlat[s->n_xlat++];
+  }
+  *x = (struct xlat){src, dst, t, s->next_writer++};
+  if (s->next_writer == KVL_WRITER_NATIVE) s->next_writer = 1;
+  return 0;
+}
+
+int kvl_sched_remove_translator(kvl_sched_t *s, int src, int dst) {
+  struct xlat *x = xlat_find(s, src, dst);
+  if (!x) return KVL_ENOENT;
+  *x = s->xlat[--s->n_xlat];
+  return 0;
+}
+
+/* ---- requests ----------------------------------------------------------------------- */
+
+static void close_sources(struct req *r) {
+  for (int i = 0; i < MAX_MODELS; i++) {
+    kvl_line_free(r->src[i]);
+    r->src[i] = NULL;
+  }
+  r->sources_open = false;
+}
+
 static void req_free(struct req *r) {
+  close_sources(r);
+  kvl_line_free(r->carry);
+  free(r->win_h);
+  free(r->win_lp);
   kvl_line_free(r->line);
   kvl_sampler_free(r->sampler);
   free(r->seq);
@@ -153,14 +357,16 @@ static void req_free(struct req *r) {
 
 /* Final callback, then forget the request. */
 static void finish(kvl_sched_t *s, struct model *m, struct req *r, enum kvl_finish_reason why, int32_t token, float lp) {
-  (void)s;
   for (struct req **pp = &m->reqs; *pp; pp = &(*pp)->next)
     if (*pp == r) { *pp = r->next; break; }
   m->n_reqs--;
-  kvl_line_free(r->line); /* blocks released now; committed ones stay cached */
+  close_sources(r);
+  if (r->line && r->conv && why != KVL_DONE_ERROR) conv_keep(s, r->conv, r->model, r->line);
+  else kvl_line_free(r->line); /* blocks released now; committed ones stay cached */
   r->line = NULL;
   struct kvl_token_event ev = {token, r->generated - (token >= 0 ? 1 : 0), lp, true, why, r->usage,
-                               r->t_sched > 0 ? r->t_sched - r->t_submit : 0, r->t_first > 0 ? r->t_first - r->t_submit : 0};
+                               r->t_sched > 0 ? r->t_sched - r->t_submit : 0, r->t_first > 0 ? r->t_first - r->t_submit : 0,
+                               r->model, 0};
   if (r->cb) r->cb(r->ud, r->id, &ev);
   req_free(r);
 }
@@ -186,10 +392,45 @@ int kvl_sched_submit(kvl_sched_t *s, const struct kvl_request *q, kvl_token_cb c
   if (blocks > st.hot_blocks)
     return kvl_errf(err, errlen, KVL_EINVAL, "the request needs %lld KV blocks (%lld tokens) but model '%s' has %d in all",
                 (long long)blocks, (long long)total, m->cfg.name, st.hot_blocks);
+  /* routing: the models it may move to must hold it too and speak the same vocabulary */
+  int start = q->model, then = -1;
+  const int others[2] = {q->cascade.on ? q->cascade.to : -1, q->prefill_on.on ? q->prefill_on.model : -1};
+  for (int k = 0; k < 2; k++) {
+    int o = others[k];
+    if (o < 0 && !(k == 0 ? q->cascade.on : q->prefill_on.on)) continue;
+    const char *what = k == 0 ? "cascade" : "prefill_on";
+    if (!model_ok(s, o)) return kvl_errf(err, errlen, KVL_EINVAL, "%s: unknown model %d", what, o);
+    const struct model *mo = &s->models[o];
+    if (kvl_model_hparams(mo->cfg.model)->n_vocab != hp->n_vocab)
+      return kvl_errf(err, errlen, KVL_EINVAL, "%s: models '%s' and '%s' have different vocabularies", what,
+                      m->cfg.name, mo->cfg.name);
+    if (total > mo->cfg.max_model_len)
+      return kvl_errf(err, errlen, KVL_EINVAL, "%s: %lld tokens exceed max_model_len %d of model '%s'", what,
+                      (long long)total, mo->cfg.max_model_len, mo->cfg.name);
+  }
+  if (q->cascade.on && q->cascade.window < 1)
+    return kvl_errf(err, errlen, KVL_EINVAL, "cascade: the window must be at least 1 token (got %d)", q->cascade.window);
+  if (q->prefill_on.on && q->prefill_on.model != q->model && q->n_prompt > 1) {
+    start = q->prefill_on.model; /* the prompt runs there first, then moves */
+    then = q->model;
+  }
   struct req *r = calloc(1, sizeof(*r));
   if (!r) return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory");
+  r->prefill_then = then;
+  r->conv = q->conversation;
+  r->no_translate = q->no_translate;
+  if (q->cascade.on && q->cascade.to != q->model) {
+    r->cascade.on = true;
+    r->cascade.to = q->cascade.to;
+    r->cascade.window = q->cascade.window;
+    r->cascade.max_mean_entropy = q->cascade.max_mean_entropy;
+    r->cascade.min_logprob = q->cascade.min_logprob;
+    r->win_h = malloc((size_t)q->cascade.window * sizeof(float));
+    r->win_lp = malloc((size_t)q->cascade.window * sizeof(float));
+    if (!r->win_h || !r->win_lp) { req_free(r); return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory"); }
+  }
   int rc = kvl_sampler_new(&q->sampling, hp->n_vocab, 0, &r->sampler, err, errlen);
-  if (rc < 0) { free(r); return rc; }
+  if (rc < 0) { req_free(r); return rc; }
   r->cap = (int32_t)total;
   r->seq = malloc((size_t)r->cap * sizeof(int32_t));
   r->stop_ids = malloc(((size_t)q->n_stop_ids + 1) * sizeof(int32_t));
@@ -199,7 +440,7 @@ int kvl_sched_submit(kvl_sched_t *s, const struct kvl_request *q, kvl_token_cb c
   r->n_stop_ids = q->n_stop_ids;
   r->len = r->n_prompt = q->n_prompt;
   r->max_tokens = q->max_tokens;
-  r->model = q->model;
+  r->model = start;
   r->priority = q->priority;
   r->reuse = q->reuse;
   r->arrival = s->arrivals++;
@@ -210,6 +451,7 @@ int kvl_sched_submit(kvl_sched_t *s, const struct kvl_request *q, kvl_token_cb c
   r->usage.prompt_tokens = q->n_prompt;
   r->t_submit = now_ms();
   kvl_sampler_accept_prompt(r->sampler, q->prompt, (size_t)q->n_prompt);
+  m = &s->models[start];
   r->next = m->reqs;
   m->reqs = r;
   m->n_reqs++;
@@ -234,6 +476,7 @@ static int cmp_req(const void *a, const void *b) {
 
 /* Give the line back (recompute later); the committed prefix stays in the cache. */
 static void preempt(struct req *r) {
+  close_sources(r);
   kvl_line_commit(r->line);
   kvl_line_free(r->line);
   r->line = NULL;
@@ -242,21 +485,248 @@ static void preempt(struct req *r) {
   r->usage.preemptions++;
 }
 
-/* Admit a waiting request: a line sharing the longest cached prefix of its sequence
- * (never the last position: its logits must be computed). */
-static int admit(struct model *m, struct req *r) {
-  r->line = kvl_line_new(m->pool);
-  if (!r->line) return KVL_ENOMEM;
-  struct kvl_prefix_hit hit;
-  int rc = kvl_line_attach_prefix(r->line, r->seq, r->len - 1, r->reuse, &hit);
-  if (rc < 0) { kvl_line_free(r->line); r->line = NULL; return rc; }
-  r->computed = hit.n_tokens;
-  if (r->usage.preemptions == 0) {
-    r->usage.cached_native = hit.n_native;
-    r->usage.cached_translated = hit.n_translated;
+static int model_index(const kvl_sched_t *s, const struct model *m) { return (int)(m - s->models); }
+
+/* Length of the common prefix of a line's tokens and seq[0..limit). */
+static int32_t common_prefix(const kvl_line_t *l, const int32_t *seq, int32_t limit) {
+  const int32_t *t = kvl_line_tokens(l);
+  int32_t n = kvl_line_len(l) < limit ? kvl_line_len(l) : limit, i = 0;
+  while (i < n && t[i] == seq[i]) i++;
+  return i;
+}
+
+static bool native_at(const kvl_line_t *l, int32_t pos) { return kvl_line_writer(l, pos) == KVL_WRITER_NATIVE; }
+
+/* The lines other models hold of r's sequence beyond what r's line has: those with a
+ * translator to r's model become its translation sources; positions only they hold
+ * natively without one are counted (untranslatable, or declined when the request asked
+ * for no translation) and prefilled. */
+static void open_sources(kvl_sched_t *s, struct req *r) {
+  int mi = r->model;
+  int32_t limit = r->len - 1; /* the last position always runs natively */
+  if (r->computed >= limit) { kvl_line_free(r->carry); r->carry = NULL; return; }
+  struct conv *c = r->conv ? conv_get(s, r->conv, false) : NULL;
+  uint8_t *held = NULL; /* positions held natively by a model without a usable translator */
+  for (int k = 0; k < s->n_models; k++) {
+    if (k == mi || !s->models[k].pool) continue;
+    kvl_line_t *l = NULL;
+    if (r->carry && r->carry_model == k) {
+      l = r->carry;
+      r->carry = NULL;
+    } else if (c && c->line[k] && (kvl_line_is_hot(c->line[k]) || kvl_line_restore(c->line[k]) == 0)) {
+      l = kvl_line_fork(c->line[k]);
+    } else {
+      l = kvl_line_new(s->models[k].pool);
+      struct kvl_prefix_hit hit;
+      if (l && (kvl_line_attach_prefix(l, r->seq, limit, KVL_REUSE_ANY, &hit) < 0 || hit.n_tokens <= r->computed)) {
+        kvl_line_free(l);
+        l = NULL;
+      }
+    }
+    if (!l) continue;
+    int32_t n = common_prefix(l, r->seq, limit);
+    struct xlat *x = xlat_find(s, k, mi);
+    if (n > r->computed && x && !r->no_translate) {
+      r->src[k] = l;
+      r->src_len[k] = n;
+      r->sources_open = true;
+      continue;
+    }
+    if (n > r->computed && (held || (held = calloc((size_t)limit, 1))))
+      for (int32_t p = r->computed; p < n; p++)
+        if (native_at(l, p)) held[p] = 1;
+    kvl_line_free(l);
+  }
+  kvl_line_free(r->carry); /* a carry from a model that is gone */
+  r->carry = NULL;
+  if (!held) return;
+  for (int32_t p = r->computed; p < limit; p++) {
+    if (!held[p]) continue;
+    bool covered = false;
+    for (int k = 0; k < s->n_models && !covered; k++)
+      covered = r->src[k] && p < r->src_len[k] && native_at(r->src[k], p);
+    if (!covered) {
+      if (r->no_translate) r->usage.declined++;
+      else r->usage.untranslatable++;
+    }
+  }
+  free(held);
+}
+
+/* Sources are done with: let them go, and move the conversation's outgoing lines (the
+ * ones translated from) to the cold tier first (DESIGN.md, the multi-turn protocol). */
+static void finish_sources(kvl_sched_t *s, struct req *r) {
+  bool used[MAX_MODELS] = {0};
+  for (int k = 0; k < MAX_MODELS; k++) used[k] = r->src[k] != NULL;
+  close_sources(r);
+  struct conv *c = r->conv ? conv_get(s, r->conv, false) : NULL;
+  if (!c) return;
+  for (int k = 0; k < MAX_MODELS; k++)
+    if (used[k] && c->line[k] && kvl_line_is_hot(c->line[k])) (void)kvl_line_offload(c->line[k]);
+}
+
+/* Admit a waiting request: the conversation's kept line (forked at the first token that
+ * differs), or a line sharing the longest cached prefix of its sequence (never the last
+ * position: its logits must be computed); then its translation sources. */
+static int admit(kvl_sched_t *s, struct model *m, struct req *r) {
+  int mi = model_index(s, m);
+  struct conv *c = r->conv ? conv_get(s, r->conv, false) : NULL;
+  int32_t cached_native = 0, cached_translated = 0;
+  if (c && c->line[mi]) {
+    kvl_line_t *l = c->line[mi];
+    if (!kvl_line_is_hot(l)) {
+      int rc = kvl_line_restore(l);
+      if (rc < 0) return rc;
+    }
+    c->line[mi] = NULL;
+    c->last_used = now_ms();
+    kvl_line_truncate(l, common_prefix(l, r->seq, r->len - 1));
+    for (int32_t p = 0; p < kvl_line_len(l); p++) {
+      if (native_at(l, p)) cached_native++;
+      else cached_translated++;
+    }
+    r->line = l;
+  } else {
+    r->line = kvl_line_new(m->pool);
+    if (!r->line) return KVL_ENOMEM;
+    struct kvl_prefix_hit hit;
+    int rc = kvl_line_attach_prefix(r->line, r->seq, r->len - 1, r->reuse, &hit);
+    if (rc < 0) { kvl_line_free(r->line); r->line = NULL; return rc; }
+    cached_native = hit.n_native;
+    cached_translated = hit.n_translated;
+  }
+  r->computed = kvl_line_len(r->line);
+  if (r->usage.preemptions == 0 && r->usage.handoffs == 0) {
+    r->usage.cached_native = cached_native;
+    r->usage.cached_translated = cached_translated;
   }
   r->phase = P_RUNNING;
+  open_sources(s, r);
   return 0;
+}
+
+/* The last request in scheduling order after position i that holds a line and is not in
+ * this step's batch: the one to preempt when room runs out. */
+static struct req *victim_after(struct req **order, int32_t n, int32_t i) {
+  for (int32_t j = n - 1; j > i; j--)
+    if (order[j]->line && !order[j]->in_batch) return order[j];
+  return NULL;
+}
+
+/* Make room for model mi: preempt a later request, else shed a kept conversation line. */
+static bool make_room(kvl_sched_t *s, int mi, struct req **order, int32_t n, int32_t i) {
+  struct req *v = victim_after(order, n, i);
+  if (v) { preempt(v); return true; }
+  return conv_shed(s, mi);
+}
+
+/* Extend r's line by translation while its next position is native in a source. 0, or
+ * KVL_EFULL when there is no room now (it waits for the next step). A translator that
+ * fails is dropped for this request: those positions are prefilled instead. */
+static int translate_ready(kvl_sched_t *s, struct model *m, struct req *r, struct req **order, int32_t n, int32_t i) {
+  int mi = model_index(s, m);
+  int32_t limit = r->len - 1;
+  while (r->sources_open && r->computed < limit) {
+    int k = 0;
+    while (k < MAX_MODELS && !(r->src[k] && r->computed < r->src_len[k] && native_at(r->src[k], r->computed))) k++;
+    if (k == MAX_MODELS) return 0; /* no model holds the next position: prefill it */
+    int32_t e = r->computed + 1;
+    while (e < limit && e < r->src_len[k] && native_at(r->src[k], e)) e++;
+    struct xlat *x = xlat_find(s, k, mi);
+    char err[256];
+    int rc = KVL_ENOENT;
+    if (x)
+      while ((rc = kvl_line_translate(r->line, r->src[k], x->t, x->writer, r->computed, e,
+                                      kvl_model_rope(s->models[k].cfg.model), kvl_model_rope(m->cfg.model), err,
+                                      sizeof(err))) == KVL_EFULL &&
+             make_room(s, mi, order, n, i)) {}
+    if (rc == KVL_EFULL) return KVL_EFULL;
+    if (rc < 0) { /* removed or failing translator: prefill what it would have written */
+      r->usage.untranslatable += e - r->computed;
+      kvl_line_free(r->src[k]);
+      r->src[k] = NULL;
+      continue;
+    }
+    r->usage.translated += e - r->computed;
+    r->computed = e;
+    kvl_line_commit(r->line);
+  }
+  if (r->sources_open && r->computed >= limit) finish_sources(s, r);
+  return 0;
+}
+
+/* How many of r's next `want` positions to prefill before a source can supply one. */
+static int32_t prefill_run(const struct req *r, int32_t want) {
+  if (!r->sources_open) return want;
+  int32_t best = want;
+  for (int k = 0; k < MAX_MODELS; k++) {
+    if (!r->src[k]) continue;
+    int32_t end = r->src_len[k] < r->computed + best ? r->src_len[k] : r->computed + best;
+    for (int32_t p = r->computed; p < end; p++)
+      if (native_at(r->src[k], p)) { best = p - r->computed; break; }
+  }
+  return best > 0 ? best : want;
+}
+
+/* Move r from model m to model `to`: its line stays behind as the conversation's line
+ * there (or as the translation source it carries), and it rejoins `to` as waiting — the
+ * oldest arrival, so it is admitted first — where what m wrote natively is translated and
+ * the last position computed natively. */
+static void handoff(kvl_sched_t *s, struct model *m, struct req *r, int to) {
+  int mi = model_index(s, m);
+  close_sources(r);
+  kvl_line_commit(r->line);
+  if (r->conv) {
+    conv_keep(s, r->conv, mi, r->line);
+  } else {
+    kvl_line_free(r->carry);
+    r->carry = r->line;
+    r->carry_model = mi;
+  }
+  r->line = NULL;
+  r->computed = 0;
+  r->phase = P_WAITING;
+  for (struct req **pp = &m->reqs; *pp; pp = &(*pp)->next)
+    if (*pp == r) { *pp = r->next; break; }
+  m->n_reqs--;
+  struct model *t = &s->models[to];
+  r->next = t->reqs;
+  t->reqs = r;
+  t->n_reqs++;
+  r->model = to;
+  r->usage.handoffs++;
+}
+
+/* Entropy (nats) of softmax(l) and the log-prob of token `tok`. */
+static void uncertainty(const float *l, int32_t n, int32_t tok, float *h, float *lp) {
+  float mx = -INFINITY;
+  for (int32_t i = 0; i < n; i++) mx = l[i] > mx ? l[i] : mx;
+  double z = 0, ez = 0;
+  for (int32_t i = 0; i < n; i++) {
+    double d = (double)l[i] - mx, e = exp(d);
+    z += e;
+    ez += e * d;
+  }
+  double lz = log(z);
+  *h = (float)(lz - ez / z);
+  *lp = (float)((double)l[tok] - mx - lz);
+}
+
+/* The cascade's decision after a generated token: true when the window is full and its
+ * mean entropy or lowest log-prob passes a bar. */
+static bool cascade_due(struct req *r, float h, float lp) {
+  int32_t w = r->cascade.window;
+  r->win_h[r->win_n % w] = h;
+  r->win_lp[r->win_n % w] = lp;
+  r->win_n++;
+  if (r->win_n < w) return false;
+  float sum = 0, lo = 0;
+  for (int32_t i = 0; i < w; i++) {
+    sum += r->win_h[i];
+    lo = i == 0 || r->win_lp[i] < lo ? r->win_lp[i] : lo;
+  }
+  return (r->cascade.max_mean_entropy > 0 && sum / (float)w > r->cascade.max_mean_entropy) ||
+         (r->cascade.min_logprob < 0 && lo < r->cascade.min_logprob);
 }
 
 static int step_model(kvl_sched_t *s, struct model *m) {
@@ -278,23 +748,28 @@ static int step_model(kvl_sched_t *s, struct model *m) {
       bool decoding = r->phase == P_RUNNING && r->len - r->computed == 1;
       if ((pass == 0) != decoding) continue;
       if (r->phase == P_WAITING) {
-        int rc = admit(m, r);
+        int rc;
+        while ((rc = admit(s, m, r)) == KVL_EFULL && make_room(s, model_index(s, m), order, n, i)) {}
         if (rc == KVL_EFULL) break; /* no room for its cached prefix now: keep FCFS order */
         if (rc < 0) { free(order); return rc; }
         if (r->t_sched == 0) r->t_sched = t;
       }
+      if (r->sources_open && translate_ready(s, m, r, order, n, i) == KVL_EFULL) break;
+      if (r->prefill_then >= 0 && r->computed >= r->len - 1) { /* prompt already here (cached) */
+        int to = r->prefill_then;
+        r->prefill_then = -1;
+        handoff(s, m, r, to);
+        continue;
+      }
       int32_t want = r->len - r->computed;
+      if (r->prefill_then >= 0) want--; /* the last position runs on the model it moves to */
+      want = prefill_run(r, want);
       int32_t take = want < budget ? want : budget;
       int rc;
-      while ((rc = kvl_line_append(r->line, r->seq + r->computed, take, KVL_WRITER_NATIVE)) == KVL_EFULL) {
-        /* preempt the last request in scheduling order that holds a line and is not in
-         * this step's batch (recompute later); stop when there is none */
-        struct req *victim = NULL;
-        for (int32_t j = n - 1; j > i; j--)
-          if (order[j]->line && !order[j]->in_batch) { victim = order[j]; break; }
-        if (!victim) break;
-        preempt(victim);
-      }
+      /* no room: preempt the last request in scheduling order that holds a line and is
+       * not in this step's batch (recompute later), or shed a kept conversation line */
+      while ((rc = kvl_line_append(r->line, r->seq + r->computed, take, KVL_WRITER_NATIVE)) == KVL_EFULL &&
+             make_room(s, model_index(s, m), order, n, i)) {}
       if (rc == KVL_EFULL) break; /* it keeps its line and continues next step */
       if (rc < 0) { free(order); return rc; }
       r->step_n = take;
@@ -334,9 +809,16 @@ static int step_model(kvl_sched_t *s, struct model *m) {
     }
     r->computed += r->step_n;
     kvl_line_commit(r->line);
+    if (r->prefill_then >= 0 && r->computed == r->len - 1) { /* prefill_on: the prompt is in */
+      int to = r->prefill_then;
+      r->prefill_then = -1;
+      handoff(s, m, r, to);
+      continue;
+    }
     if (r->logit_row < 0) continue;
+    const float *lrow = s->logits + (size_t)row * NV;
     struct kvl_sample_info info;
-    int32_t tok = kvl_sampler_sample(r->sampler, s->logits + (size_t)row * NV, &info);
+    int32_t tok = kvl_sampler_sample(r->sampler, lrow, &info);
     row++;
     if (tok < 0) { finish(s, m, r, KVL_DONE_ERROR, -1, 0); continue; }
     kvl_sampler_accept(r->sampler, tok);
@@ -351,9 +833,19 @@ static int step_model(kvl_sched_t *s, struct model *m) {
       finish(s, m, r, KVL_DONE_LENGTH, tok, info.logprob);
       continue;
     }
+    float h = 0, lp = 0;
+    bool move = false;
+    if (r->cascade.on) {
+      uncertainty(lrow, NV, tok, &h, &lp);
+      move = cascade_due(r, h, lp);
+    }
     struct kvl_token_event ev = {tok, r->generated - 1, info.logprob, false, KVL_DONE_NONE, r->usage,
-                                 r->t_sched - r->t_submit, r->t_first - r->t_submit};
+                                 r->t_sched - r->t_submit, r->t_first - r->t_submit, r->model, h};
     if (r->cb) r->cb(r->ud, r->id, &ev);
+    if (move) {
+      r->cascade.on = false; /* one handoff: the strong model finishes the answer */
+      handoff(s, m, r, r->cascade.to);
+    }
   }
   return 0;
 }

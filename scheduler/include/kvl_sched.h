@@ -26,6 +26,30 @@
  * Callbacks run on the thread calling kvl_sched_step, once per generated token; the last
  * call has `final` set and carries usage and the finish reason. After the final callback
  * the scheduler forgets the request.
+ *
+ * Switching models (DESIGN.md "Translation", the multi-turn protocol). With translators
+ * registered (kvl_sched_add_translator), a request for model M extends M's line by
+ * *translating* every span another resident model S holds natively, instead of
+ * prefilling it: M's line comes from the conversation's kept line or M's prefix cache;
+ * S's lines likewise (the conversation's kept line, or S's prefix index for stateless
+ * requests); positions no model holds natively are prefilled by M; the last position
+ * always runs natively in M. Only native positions are translation sources, so nothing
+ * is translated twice. Sources are translated from while hot; a conversation's outgoing
+ * line is offloaded to the cold tier right after.
+ *
+ * Conversations. A request with a nonzero `conversation` key leaves its line (prompt +
+ * generated, the last sampled token without KV) as that conversation's line in its
+ * model, replacing the previous one; the next request of the conversation continues it
+ * (truncated at the first token that differs: an edited or regenerated turn forks there).
+ * Kept lines are offloaded under pool pressure, and dropped by
+ * kvl_sched_conversation_drop / kvl_sched_conversations_expire.
+ *
+ * Handoff (routing). A request may move to another model mid-way: `cascade` moves it
+ * after a generated token when the small model's uncertainty over a window passes a
+ * bar; `prefill_on` runs the prompt (all but its last token) on another model first. The
+ * receiving model translates what the first one wrote natively and continues the same
+ * request: same sampler state, same token stream; events say which model produced each
+ * token.
  */
 #ifndef KVL_SCHED_H
 #define KVL_SCHED_H
@@ -37,6 +61,8 @@
 #include "kvl_kvpool.h"
 #include "kvl_model.h"
 #include "kvl_sampler.h"
+
+struct kvl_translator;
 
 typedef struct kvl_sched kvl_sched_t;
 
@@ -68,6 +94,11 @@ struct kvl_usage {
   int32_t prefilled;          /* prompt positions computed */
   int32_t generated;
   int32_t preemptions;        /* times the request lost its line and recomputed */
+  int32_t translated;         /* positions translated into its line from another model */
+  int32_t untranslatable;     /* positions another model held natively, prefilled instead:
+                                 no translator for the pair */
+  int32_t declined;           /* ... prefilled instead because the request said so (no_translate) */
+  int32_t handoffs;           /* times it moved to another model */
 };
 
 struct kvl_token_event {
@@ -79,6 +110,8 @@ struct kvl_token_event {
   struct kvl_usage usage;
   double queue_ms;            /* submit -> first scheduled */
   double ttft_ms;             /* submit -> first token */
+  int model;                  /* the model that produced this token (changes at a handoff) */
+  float entropy;              /* of the distribution the token was sampled from (nats; cascade only, else 0) */
 };
 
 typedef void (*kvl_token_cb)(void *ud, uint64_t id, const struct kvl_token_event *ev);
@@ -93,6 +126,19 @@ struct kvl_request {
   int32_t n_stop_ids;
   int priority;                     /* larger first; FCFS within a priority */
   enum kvl_reuse reuse;             /* prefix-cache policy */
+  uint64_t conversation;            /* 0: stateless; else the key its kept lines live under */
+  bool no_translate;                /* prefill what other models hold (the quality gate's fallback) */
+  struct {                          /* move to `to` when the window's uncertainty passes a bar */
+    bool on;
+    int to;                         /* model id (same vocabulary) */
+    int32_t window;                 /* generated tokens per decision (>= 1) */
+    float max_mean_entropy;         /* hand off when the window's mean entropy (nats) exceeds this (0: unused) */
+    float min_logprob;              /* ... or its lowest sampled log-prob is below this (0: unused) */
+  } cascade;
+  struct {                          /* prefill all but the last prompt token on `model` first */
+    bool on;
+    int model;
+  } prefill_on;
 };
 
 int kvl_sched_new(const struct kvl_sched_config *c, kvl_sched_t **out);
@@ -116,6 +162,23 @@ int kvl_sched_cancel(kvl_sched_t *s, uint64_t id);
  * queued or running, or a negative error (a forward failure). */
 int kvl_sched_step(kvl_sched_t *s);
 bool kvl_sched_idle(const kvl_sched_t *s);
+
+/* Register translator t (borrowed: it must outlive its registration) for model src -> dst,
+ * replacing the pair's previous one (positions it wrote keep their writer: a new
+ * translator never aliases an old one's blocks). KVL_EINVAL for unknown models, src ==
+ * dst, or a translator whose layout does not fit the two pools. */
+int kvl_sched_add_translator(kvl_sched_t *s, int src, int dst, const struct kvl_translator *t, char *err,
+                             size_t errlen);
+/* Forget the pair's translator (0, or KVL_ENOENT). */
+int kvl_sched_remove_translator(kvl_sched_t *s, int src, int dst);
+
+/* Conversations: the kept line of `conversation` in `model` (NULL when none; owned by the
+ * scheduler, valid until the next step); drop one conversation's lines (0 or KVL_ENOENT);
+ * drop those unused for more than `idle_ms` (returns how many). */
+const kvl_line_t *kvl_sched_conversation_line(const kvl_sched_t *s, uint64_t conversation, int model);
+int kvl_sched_conversation_drop(kvl_sched_t *s, uint64_t conversation);
+int32_t kvl_sched_conversations_expire(kvl_sched_t *s, double idle_ms);
+int32_t kvl_sched_conversations(const kvl_sched_t *s);
 
 /* What a model's queue and pool hold now (for metrics). */
 struct kvl_sched_model_stats {
