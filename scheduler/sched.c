@@ -1,4 +1,5 @@
 /* sched.c — continuous batching (see kvl_sched.h). */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,7 +11,7 @@
 #include "kvl_sched.h"
 #include "kvl_translator.h"
 
-#define MAX_MODELS 8
+#define MAX_MODELS KVL_SCHED_MAX_MODELS
 #define MAX_XLAT 32
 #define CONV_BUCKETS 1024
 
@@ -49,6 +50,9 @@ struct req {
   float *win_h, *win_lp;  /* the cascade window's entropies and log-probs (ring) */
   int32_t win_n;
   int prefill_then;      /* model to hand off to once all but the last token are computed, -1 */
+  int last_src;          /* the model it last translated from, -1 */
+  float *shadow_ref;     /* a shadow: the translated request's first-token log-probs */
+  int shadow_src;        /* ... and the translator's source model */
   kvl_sampler_t *sampler;
   kvl_token_cb cb;
   void *ud;
@@ -65,6 +69,8 @@ struct xlat {
   int src, dst;
   const struct kvl_translator *t;
   kvl_writer_t writer;
+  struct kvl_translator_gate gate;
+  struct kvl_translator_stats st;
 };
 
 struct conv {
@@ -306,8 +312,12 @@ static struct xlat *xlat_find(kvl_sched_t *s, int src, int dst) {
   return NULL;
 }
 
-int kvl_sched_add_translator(kvl_sched_t *s, int src, int dst, const struct kvl_translator *t, char *err,
-                             size_t errlen) {
+int kvl_sched_add_translator(kvl_sched_t *s, int src, int dst, const struct kvl_translator *t,
+                             const struct kvl_translator_gate *gate, char *err, size_t errlen) {
+  struct kvl_translator_gate g = gate ? *gate : (struct kvl_translator_gate){0};
+  if (!(g.shadow_fraction >= 0 && g.shadow_fraction <= 1) || !(g.max_kl >= 0) || g.min_shadows < 0)
+    return kvl_errf(err, errlen, KVL_EINVAL, "translator gate: shadow_fraction in [0, 1], max_kl >= 0, min_shadows >= 0");
+  if (g.min_shadows == 0) g.min_shadows = 8;
   if (!t || !model_ok(s, src) || !model_ok(s, dst) || src == dst)
     return kvl_errf(err, errlen, KVL_EINVAL, "translator: models %d -> %d are not two resident models", src, dst);
   const struct kvl_kv_layout *ls = kvl_pool_layout(s->models[src].pool), *ld = kvl_pool_layout(s->models[dst].pool);
@@ -321,9 +331,15 @@ int kvl_sched_add_translator(kvl_sched_t *s, int src, int dst, const struct kvl_
     if (s->n_xlat == MAX_XLAT) return kvl_errf(err, errlen, KVL_EFULL, "at most %d translators", MAX_XLAT);
     x = &s->xlat[s->n_xlat++];
   }
-  *x = (struct xlat){src, dst, t, s->next_writer++};
+  *x = (struct xlat){src, dst, t, s->next_writer++, g, {.registered = true, .gated = g.off}};
   if (s->next_writer == KVL_WRITER_NATIVE) s->next_writer = 1;
   return 0;
+}
+
+void kvl_sched_translator_stats(const kvl_sched_t *s, int src, int dst, struct kvl_translator_stats *out) {
+  memset(out, 0, sizeof(*out));
+  for (int i = 0; i < s->n_xlat; i++)
+    if (s->xlat[i].src == src && s->xlat[i].dst == dst) *out = s->xlat[i].st;
 }
 
 int kvl_sched_remove_translator(kvl_sched_t *s, int src, int dst) {
@@ -345,6 +361,7 @@ static void close_sources(struct req *r) {
 
 static void req_free(struct req *r) {
   close_sources(r);
+  free(r->shadow_ref);
   kvl_line_free(r->carry);
   free(r->win_h);
   free(r->win_lp);
@@ -417,6 +434,7 @@ int kvl_sched_submit(kvl_sched_t *s, const struct kvl_request *q, kvl_token_cb c
   struct req *r = calloc(1, sizeof(*r));
   if (!r) return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory");
   r->prefill_then = then;
+  r->last_src = -1;
   r->conv = q->conversation;
   r->no_translate = q->no_translate;
   if (q->cascade.on && q->cascade.to != q->model) {
@@ -526,7 +544,7 @@ static void open_sources(kvl_sched_t *s, struct req *r) {
     if (!l) continue;
     int32_t n = common_prefix(l, r->seq, limit);
     struct xlat *x = xlat_find(s, k, mi);
-    if (n > r->computed && x && !r->no_translate) {
+    if (n > r->computed && x && !r->no_translate && !x->st.gated) {
       r->src[k] = l;
       r->src_len[k] = n;
       r->sources_open = true;
@@ -534,7 +552,7 @@ static void open_sources(kvl_sched_t *s, struct req *r) {
     }
     if (n > r->computed && (held || (held = calloc((size_t)limit, 1))))
       for (int32_t p = r->computed; p < n; p++)
-        if (native_at(l, p)) held[p] = 1;
+        if (native_at(l, p)) held[p] |= x ? 2 : 1; /* 2: declined (asked, or gated); 1: no translator */
     kvl_line_free(l);
   }
   kvl_line_free(r->carry); /* a carry from a model that is gone */
@@ -546,7 +564,7 @@ static void open_sources(kvl_sched_t *s, struct req *r) {
     for (int k = 0; k < s->n_models && !covered; k++)
       covered = r->src[k] && p < r->src_len[k] && native_at(r->src[k], p);
     if (!covered) {
-      if (r->no_translate) r->usage.declined++;
+      if (held[p] & 2) r->usage.declined++;
       else r->usage.untranslatable++;
     }
   }
@@ -647,6 +665,9 @@ static int translate_ready(kvl_sched_t *s, struct model *m, struct req *r, struc
       r->src[k] = NULL;
       continue;
     }
+    if (r->last_src != k) x->st.requests++;
+    x->st.positions += (uint64_t)(e - r->computed);
+    r->last_src = k;
     r->usage.translated += e - r->computed;
     r->computed = e;
     kvl_line_commit(r->line);
@@ -710,6 +731,61 @@ static void uncertainty(const float *l, int32_t n, int32_t tok, float *h, float 
   double lz = log(z);
   *h = (float)(lz - ez / z);
   *lp = (float)((double)l[tok] - mx - lz);
+}
+
+/* KL(native || translated) of a shadow's next-token distribution (logits l) against the
+ * translated request's (log-probs ref), folded into its translator's online estimate;
+ * the gate closes when the estimate passes the bar. */
+static void shadow_measure(kvl_sched_t *s, int mi, struct req *r, const float *l, int32_t n) {
+  float mx = -INFINITY;
+  for (int32_t i = 0; i < n; i++) mx = l[i] > mx ? l[i] : mx;
+  double z = 0;
+  for (int32_t i = 0; i < n; i++) z += exp((double)l[i] - mx);
+  double lz = log(z), kl = 0;
+  for (int32_t i = 0; i < n; i++) {
+    double ln = (double)l[i] - mx - lz;
+    kl += exp(ln) * (ln - r->shadow_ref[i]);
+  }
+  free(r->shadow_ref);
+  r->shadow_ref = NULL;
+  struct xlat *x = xlat_find(s, r->shadow_src, mi);
+  if (!x) return; /* removed meanwhile */
+  struct kvl_translator_stats *st = &x->st;
+  st->shadows++;
+  st->kl_last = kl;
+  double a = 1.0 / (double)st->shadows;
+  if (a < 1.0 / 32) a = 1.0 / 32;
+  st->kl_mean += a * (kl - st->kl_mean);
+  if (x->gate.max_kl > 0 && st->shadows >= (uint64_t)x->gate.min_shadows && st->kl_mean > x->gate.max_kl) st->gated = true;
+}
+
+/* After a translated request's first token: every 1/f-th one gets a shadow — the same
+ * prompt re-prefilled natively at the lowest priority, for one token, carrying the
+ * request's log-probs to compare with. */
+static void shadow_maybe(kvl_sched_t *s, int mi, struct req *r, const float *l, int32_t n) {
+  struct xlat *x = xlat_find(s, r->last_src, mi);
+  if (!x || x->gate.shadow_fraction <= 0) return;
+  uint64_t k = x->st.requests;
+  if (k == 0 || floor((double)k * x->gate.shadow_fraction) == floor((double)(k - 1) * x->gate.shadow_fraction)) return;
+  float *ref = malloc((size_t)n * sizeof(float));
+  if (!ref) return;
+  float mx = -INFINITY;
+  for (int32_t i = 0; i < n; i++) mx = l[i] > mx ? l[i] : mx;
+  double z = 0;
+  for (int32_t i = 0; i < n; i++) z += exp((double)l[i] - mx);
+  float lz = (float)log(z);
+  for (int32_t i = 0; i < n; i++) ref[i] = l[i] - mx - lz;
+  struct kvl_request q = {.model = mi, .prompt = r->seq, .n_prompt = r->n_prompt, .max_tokens = 1,
+                          .priority = INT_MIN, .no_translate = true, .reuse = KVL_REUSE_NATIVE_ONLY};
+  kvl_sampler_params_init(&q.sampling);
+  q.sampling.temperature = 0;
+  uint64_t id;
+  char err[160];
+  if (kvl_sched_submit(s, &q, NULL, NULL, &id, err, sizeof(err)) < 0) { free(ref); return; }
+  struct req *sh = s->models[mi].reqs; /* submit puts it first */
+  KVL_ASSERT(sh && sh->id == id);
+  sh->shadow_ref = ref;
+  sh->shadow_src = r->last_src;
 }
 
 /* The cascade's decision after a generated token: true when the window is full and its
@@ -817,6 +893,7 @@ static int step_model(kvl_sched_t *s, struct model *m) {
     }
     if (r->logit_row < 0) continue;
     const float *lrow = s->logits + (size_t)row * NV;
+    if (r->shadow_ref) shadow_measure(s, model_index(s, m), r, lrow, NV);
     struct kvl_sample_info info;
     int32_t tok = kvl_sampler_sample(r->sampler, lrow, &info);
     row++;
@@ -824,6 +901,7 @@ static int step_model(kvl_sched_t *s, struct model *m) {
     kvl_sampler_accept(r->sampler, tok);
     r->seq[r->len++] = tok;
     r->generated++;
+    if (r->generated == 1 && r->usage.translated > 0 && r->cb) shadow_maybe(s, model_index(s, m), r, lrow, NV);
     r->usage.generated = r->generated;
     if (r->t_first == 0) r->t_first = now_ms();
     bool stop = false;
@@ -873,5 +951,9 @@ int kvl_sched_model_stats(const kvl_sched_t *s, int model_id, struct kvl_sched_m
   struct kvl_pool_stats ps;
   kvl_pool_stats(m->pool, &ps);
   out->kv_usage = ps.hot_blocks > 0 ? (double)ps.hot_used / ps.hot_blocks : 0;
+  for (int b = 0; b < CONV_BUCKETS; b++)
+    for (const struct conv *c = s->conv[b]; c; c = c->next) out->conversations += c->line[model_id] != NULL;
+  for (int i = 0; i < s->n_xlat; i++)
+    if (s->xlat[i].dst == model_id) out->from[s->xlat[i].src] = s->xlat[i].st;
   return 0;
 }

@@ -163,14 +163,41 @@ int kvl_sched_cancel(kvl_sched_t *s, uint64_t id);
 int kvl_sched_step(kvl_sched_t *s);
 bool kvl_sched_idle(const kvl_sched_t *s);
 
+/* The quality gate of one translator. Offline: `off` (its held-out score is over the
+ * operator's bar) — requests prefill what it would translate and say so (usage.declined).
+ * Online: a fraction of the requests it served are re-prefilled natively in the
+ * background (a shadow at the lowest priority, one token, nobody waiting for it) and
+ * the KL(native || translated) of the two next-token distributions at the end of the
+ * prompt is tracked; once the estimate passes max_kl (after min_shadows shadows) the gate
+ * closes: the translator stays registered, requests decline it, until it is registered
+ * again. */
+struct kvl_translator_gate {
+  bool off;
+  double shadow_fraction;  /* [0, 1]; 0: no shadows (deterministic: every 1/f-th request) */
+  double max_kl;           /* nats; 0: never close */
+  int32_t min_shadows;     /* default 8 */
+};
+struct kvl_translator_stats {
+  bool registered;
+  bool gated;              /* off, or closed by the online estimate */
+  uint64_t requests;       /* requests it translated for */
+  uint64_t positions;      /* positions it translated */
+  uint64_t shadows;        /* shadow re-prefills measured */
+  double kl_mean;          /* online KL estimate: the mean, then a moving average over ~32 */
+  double kl_last;
+};
+
 /* Register translator t (borrowed: it must outlive its registration) for model src -> dst,
  * replacing the pair's previous one (positions it wrote keep their writer: a new
- * translator never aliases an old one's blocks). KVL_EINVAL for unknown models, src ==
- * dst, or a translator whose layout does not fit the two pools. */
-int kvl_sched_add_translator(kvl_sched_t *s, int src, int dst, const struct kvl_translator *t, char *err,
-                             size_t errlen);
+ * translator never aliases an old one's blocks; its statistics start afresh). `gate` may
+ * be NULL (always used, no shadows). KVL_EINVAL for unknown models, src == dst, bad gate
+ * values; KVL_EMISMATCH for a translator whose layout does not fit the two pools. */
+int kvl_sched_add_translator(kvl_sched_t *s, int src, int dst, const struct kvl_translator *t,
+                             const struct kvl_translator_gate *gate, char *err, size_t errlen);
 /* Forget the pair's translator (0, or KVL_ENOENT). */
 int kvl_sched_remove_translator(kvl_sched_t *s, int src, int dst);
+/* The pair's statistics (registered false when there is none). */
+void kvl_sched_translator_stats(const kvl_sched_t *s, int src, int dst, struct kvl_translator_stats *out);
 
 /* Conversations: the kept line of `conversation` in `model` (NULL when none; owned by the
  * scheduler, valid until the next step); drop one conversation's lines (0 or KVL_ENOENT);
@@ -181,10 +208,13 @@ int32_t kvl_sched_conversations_expire(kvl_sched_t *s, double idle_ms);
 int32_t kvl_sched_conversations(const kvl_sched_t *s);
 
 /* What a model's queue and pool hold now (for metrics). */
+#define KVL_SCHED_MAX_MODELS 8
 struct kvl_sched_model_stats {
-  int32_t running;        /* requests holding a line */
+  int32_t running;        /* requests holding a line (shadows included) */
   int32_t waiting;        /* requests queued without one */
   double kv_usage;        /* referenced hot blocks / hot capacity, 0..1 */
+  int32_t conversations;  /* kept conversation lines in this model */
+  struct kvl_translator_stats from[KVL_SCHED_MAX_MODELS]; /* translators into this model, by source */
 };
 /* KVL_ERANGE past the last model, KVL_ENOENT for a removed one. */
 int kvl_sched_model_stats(const kvl_sched_t *s, int model_id, struct kvl_sched_model_stats *out);

@@ -60,7 +60,7 @@ static void link_all(kvl_sched_t *s, int n) {
   char err[256];
   for (int a = 0; a < n; a++)
     for (int b = 0; b < n; b++)
-      if (a != b) KVL_ASSERT(kvl_sched_add_translator(s, a, b, g_id, err, sizeof(err)) == 0);
+      if (a != b) KVL_ASSERT(kvl_sched_add_translator(s, a, b, g_id, NULL, err, sizeof(err)) == 0);
 }
 
 static void check_pools(kvl_sched_t *s, int n) {
@@ -283,6 +283,46 @@ static void test_fallbacks(void) {
   }
 }
 
+/* The quality gate: shadows re-prefill translated requests natively and measure the KL
+ * of the next-token distributions; identity between copies of one model measures ~0 and
+ * stays open, identity between two different models measures a lot and closes the gate,
+ * after which requests prefill instead (declined). `off` declines from the start. */
+static void test_gate(void) {
+  int32_t p[64];
+  unsigned long long rs = 31;
+  for (int i = 0; i < 64; i++) p[i] = (int32_t)(kvl_test_rand(&rs) % 300);
+  for (int pass = 0; pass < 3; pass++) {
+    kvl_model_t *ms[2] = {g_m, pass == 1 ? g_m2 : g_m};
+    kvl_sched_t *s = sched_of(ms, 2, 64, 0, 64);
+    struct kvl_translator_gate gate = {.off = pass == 2, .shadow_fraction = 1, .max_kl = 0.05, .min_shadows = 2};
+    char err[256];
+    CHECK_EQ_INT(kvl_sched_add_translator(s, 0, 1, g_id, &gate, err, sizeof(err)), 0);
+    int declined_turns = 0;
+    for (int t = 0; t < 4; t++) {
+      struct run o;
+      p[0] = t; /* a different conversation each time */
+      struct kvl_request r = greedy(0, p, 40, 2, 0);
+      CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
+      r = greedy(1, p, 60, 2, 0);
+      CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
+      declined_turns += o.usage.declined > 0;
+      CHECK(o.usage.translated > 0 || o.usage.declined > 0);
+    }
+    struct kvl_translator_stats st;
+    kvl_sched_translator_stats(s, 0, 1, &st);
+    printf("  gate %s: %llu shadows, online KL %.3g, %s, %d of 4 requests declined\n",
+           pass == 0 ? "copy of the model" : pass == 1 ? "different models" : "off", (unsigned long long)st.shadows,
+           st.kl_mean, st.gated ? "closed" : "open", declined_turns);
+    if (pass == 0) CHECK(!st.gated && st.shadows == 4 && st.kl_mean < 1e-6 && declined_turns == 0);
+    if (pass == 1) CHECK(st.gated && st.shadows == 2 && st.kl_mean > 0.05 && declined_turns == 2);
+    if (pass == 2) CHECK(st.gated && st.shadows == 0 && declined_turns == 4);
+    struct kvl_sched_model_stats ms1;
+    kvl_sched_model_stats(s, 1, &ms1);
+    CHECK(ms1.from[0].registered && ms1.from[0].shadows == st.shadows);
+    kvl_sched_free(s);
+  }
+}
+
 /* Random conversations over three models (two different weights), random switches, edits
  * (regenerate: history cut back), cascades, cancellations, a pool small enough to
  * preempt and shed kept lines, expiry — the pool checker after every step. */
@@ -377,6 +417,7 @@ int main(void) {
   RUN(test_stateless);
   RUN(test_handoffs);
   RUN(test_fallbacks);
+  RUN(test_gate);
   RUN(test_stress);
   kvl_translator_free(g_id);
   kvl_model_free(g_m);
