@@ -9,9 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "daemon.h"
 #include "kvl_error.h"
 #include "kvl_sched.h"
+
+static void translator_drop(struct kvld *d, int i);
 
 bool kvld_model_live(const struct kvld *d, int i) {
   return i >= 0 && i < d->n_models && d->models[i].m && d->models[i].active && !d->models[i].unloading;
@@ -194,11 +198,8 @@ void kvld_admin_unload_model(struct kvld *d, const char *name, kvld_admin_reply 
   d->models[mi].unloading = true; /* the name stops resolving now */
   /* translators to or from it go with it */
   for (int i = 0; i < d->n_translators;) {
-    if (d->translators[i].src == mi || d->translators[i].dst == mi) {
-      kvl_translator_free(d->translators[i].t);
-      d->translators[i] = d->translators[--d->n_translators];
-    } else
-      i++;
+    if (d->translators[i].src == mi || d->translators[i].dst == mi) translator_drop(d, i);
+    else i++;
   }
   struct unload_op *op = calloc(1, sizeof(*op));
   if (!op) {
@@ -214,7 +215,78 @@ void kvld_admin_unload_model(struct kvld *d, const char *name, kvld_admin_reply 
   uv_timer_start(&op->timer, wait_idle, 0, 0);
 }
 
-/* ---- translators -------------------------------------------------------------------- */
+/* ---- translators --------------------------------------------------------------------
+ * The daemon owns the translator objects, the scheduler borrows them: registration and
+ * removal happen on the compute thread between two steps (kvl_engine_run) and a
+ * translator the scheduler let go of is freed only afterwards, on the loop thread. */
+
+/* The worst held-out KL the file records (kvlingo.scores: {"<domain>": {"kl": {"mean": x}}}),
+ * or -1 when it records none. */
+static double heldout_kl(const kvl_translator_t *t) {
+  const char *js = kvl_translator_scores_json(t);
+  if (!js) return -1;
+  json_t *j = json_loads(js, 0, NULL);
+  double worst = -1;
+  const char *k;
+  json_t *v;
+  json_object_foreach(j, k, v) {
+    json_t *kl = json_object_get(json_object_get(v, "kl"), "mean");
+    if (json_is_number(kl) && json_number_value(kl) > worst) worst = json_number_value(kl);
+  }
+  json_decref(j);
+  return worst;
+}
+
+struct xlat_op {
+  struct kvld *d;
+  int src, dst;                 /* scheduler model ids */
+  kvl_translator_t *t;          /* to register (NULL: remove the pair's) */
+  struct kvl_translator_gate gate;
+  kvl_translator_t *old;        /* freed once the scheduler no longer holds it */
+  char err[256];
+};
+
+static int xlat_in_engine(kvl_sched_t *s, void *arg) {
+  struct xlat_op *op = arg;
+  if (!op->t) return kvl_sched_remove_translator(s, op->src, op->dst);
+  return kvl_sched_add_translator(s, op->src, op->dst, op->t, &op->gate, op->err, sizeof(op->err));
+}
+
+static void xlat_done(void *arg, int rc) {
+  struct xlat_op *op = arg;
+  if (rc < 0 && op->t) kvld_log(KVLD_WARN, "translator_not_registered", "\"error\":\"%s\"", op->err);
+  kvl_translator_free(op->old);
+  free(op);
+}
+
+/* Hand the pair (daemon model indices) to the scheduler: t registered (NULL: removed);
+ * `old` freed when the scheduler is done with it. Before the engine starts, directly. */
+static void xlat_sync(struct kvld *d, int src, int dst, kvl_translator_t *t, kvl_translator_t *old) {
+  struct xlat_op *op = calloc(1, sizeof(*op));
+  if (!op) { /* cannot tell the scheduler: leak `old` rather than free what it may use */
+    kvld_log(KVLD_ERROR, "translator_sync_failed", "\"error\":\"out of memory\"");
+    return;
+  }
+  *op = (struct xlat_op){.d = d, .src = d->models[src].sched_id, .dst = d->models[dst].sched_id, .t = t, .old = old};
+  op->gate.shadow_fraction = d->cfg.gate.shadow_fraction;
+  op->gate.max_kl = d->cfg.gate.max_online_kl;
+  op->gate.min_shadows = d->cfg.gate.min_shadows;
+  if (t) {
+    double kl = heldout_kl(t);
+    op->gate.off = d->cfg.gate.max_heldout_kl > 0 && kl > d->cfg.gate.max_heldout_kl;
+    if (op->gate.off)
+      kvld_log(KVLD_WARN, "translator_gated", "\"source\":\"%s\",\"target\":\"%s\",\"heldout_kl\":%.4g,\"bar\":%.4g",
+               d->models[src].name, d->models[dst].name, kl, d->cfg.gate.max_heldout_kl);
+  }
+  if (d->boot_sched) { /* the engine is not running yet */
+    xlat_done(op, xlat_in_engine(d->boot_sched, op));
+    return;
+  }
+  if (!d->engine || kvl_engine_run(d->engine, xlat_in_engine, xlat_done, op) < 0) {
+    kvl_translator_free(old); /* the engine is gone: nothing uses it any more */
+    free(op);
+  }
+}
 
 int kvld_translator_add(struct kvld *d, const char *path, char *err, size_t errlen) {
   if (d->n_translators == KVLD_MAX_TRANSLATORS)
@@ -242,23 +314,31 @@ int kvld_translator_add(struct kvld *d, const char *path, char *err, size_t errl
   }
   for (int i = 0; i < d->n_translators; i++)
     if (d->translators[i].src == t->src && d->translators[i].dst == t->dst) { /* the newer serves the pair */
-      kvl_translator_free(d->translators[i].t);
+      kvl_translator_t *old = d->translators[i].t;
       d->translators[i] = *t;
+      xlat_sync(d, t->src, t->dst, t->t, old);
       kvld_log(KVLD_INFO, "translator_replaced", "\"file\":\"%s\"", path);
       return i;
     }
   d->n_translators++;
+  xlat_sync(d, t->src, t->dst, t->t, NULL);
   kvld_log(KVLD_INFO, "translator_loaded", "\"file\":\"%s\",\"source\":\"%s\",\"target\":\"%s\"", t->path,
            d->models[t->src].name, d->models[t->dst].name);
   return d->n_translators - 1;
+}
+
+/* Forget translator i: the scheduler lets go of it first, then it is freed. */
+static void translator_drop(struct kvld *d, int i) {
+  struct kvld_translator t = d->translators[i];
+  d->translators[i] = d->translators[--d->n_translators];
+  xlat_sync(d, t.src, t.dst, NULL, t.t);
 }
 
 int kvld_translator_remove(struct kvld *d, const char *source, const char *target, char *err, size_t errlen) {
   for (int i = 0; i < d->n_translators; i++) {
     struct kvld_translator *t = &d->translators[i];
     if (!strcmp(d->models[t->src].name, source) && !strcmp(d->models[t->dst].name, target)) {
-      kvl_translator_free(t->t);
-      d->translators[i] = d->translators[--d->n_translators];
+      translator_drop(d, i);
       return 0;
     }
   }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <yaml.h>
 
@@ -42,6 +43,21 @@ void kvld_config_defaults(struct kvld_config *c, const char *source_root) {
   }
   c->n_models = 2;
   snprintf(c->default_model, sizeof(c->default_model), "%s", pair[0][0]);
+  if (gethostname(c->replica_id, sizeof(c->replica_id)) != 0 || !c->replica_id[0])
+    snprintf(c->replica_id, sizeof(c->replica_id), "kvlingod");
+  c->replica_id[sizeof(c->replica_id) - 1] = 0;
+  c->conversation_ttl_s = 1800;
+  snprintf(c->router.policy, sizeof(c->router.policy), "fixed");
+  snprintf(c->router.small, sizeof(c->router.small), "%s", pair[0][0]);
+  snprintf(c->router.large, sizeof(c->router.large), "%s", pair[1][0]);
+  c->router.cascade_window = 8;
+  c->router.cascade_max_mean_entropy = 2.0;
+  c->router.cascade_min_logprob = 0;
+  c->router.prefill_offload_min_tokens = 256;
+  c->gate.max_heldout_kl = 1.5;
+  c->gate.shadow_fraction = 0.02;
+  c->gate.max_online_kl = 1.5;
+  c->gate.min_shadows = 8;
   if (source_root) {
     static const char *const maps[] = {"qwen2.5-coder-0.5b-to-qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-to-qwen2.5-coder-0.5b"};
     for (int i = 0; i < 2; i++)
@@ -153,6 +169,66 @@ static void walk_model(struct walk *w, yaml_node_t *n, const char *base, struct 
   }
 }
 
+/* A mapping of scalars under `base`: calls fn(w, key, value node, path, ctx) per key. */
+typedef void (*walk_fn)(struct walk *w, const char *k, yaml_node_t *vn, const char *path, void *ctx);
+static void walk_map(struct walk *w, yaml_node_t *n, const char *base, walk_fn fn, void *ctx) {
+  if (n->type != YAML_MAPPING_NODE) {
+    bad(w, base, "expected a mapping");
+    return;
+  }
+  for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top && !w->rc; p++) {
+    yaml_node_t *kn = yaml_document_get_node(w->doc, p->key), *vn = yaml_document_get_node(w->doc, p->value);
+    const char *k = scalar(w, kn, base);
+    if (!k) return;
+    char path[256];
+    snprintf(path, sizeof(path), "%s.%s", base, k);
+    fn(w, k, vn, path, ctx);
+  }
+}
+
+static void walk_cascade(struct walk *w, const char *k, yaml_node_t *vn, const char *path, void *ctx) {
+  struct kvld_config *c = ctx;
+  long long v = c->router.cascade_window;
+  if (!strcmp(k, "window")) { get_int(w, vn, path, 1, 4096, &v); c->router.cascade_window = (int)v; return; }
+  if (!strcmp(k, "max_mean_entropy")) { get_double(w, vn, path, 0, 100, &c->router.cascade_max_mean_entropy); return; }
+  if (!strcmp(k, "min_logprob")) { get_double(w, vn, path, -1000, 0, &c->router.cascade_min_logprob); return; }
+  bad(w, path, "unknown key (window, max_mean_entropy, min_logprob)");
+}
+
+static void walk_offload(struct walk *w, const char *k, yaml_node_t *vn, const char *path, void *ctx) {
+  struct kvld_config *c = ctx;
+  long long v = c->router.prefill_offload_min_tokens;
+  if (!strcmp(k, "min_prompt_tokens")) { get_int(w, vn, path, 2, 1 << 24, &v); c->router.prefill_offload_min_tokens = (int)v; return; }
+  bad(w, path, "unknown key (min_prompt_tokens)");
+}
+
+static void walk_router(struct walk *w, const char *k, yaml_node_t *vn, const char *path, void *ctx) {
+  struct kvld_config *c = ctx;
+  if (!strcmp(k, "policy")) {
+    get_str(w, vn, path, c->router.policy, sizeof(c->router.policy));
+    static const char *const ok[] = {"fixed", "cascade", "prefill-offload", "pinned"};
+    bool found = false;
+    for (int i = 0; i < 4; i++) found |= !strcmp(c->router.policy, ok[i]);
+    if (!w->rc && !found) bad(w, path, "expected fixed, cascade, prefill-offload or pinned");
+    return;
+  }
+  if (!strcmp(k, "small")) { get_str(w, vn, path, c->router.small, sizeof(c->router.small)); return; }
+  if (!strcmp(k, "large")) { get_str(w, vn, path, c->router.large, sizeof(c->router.large)); return; }
+  if (!strcmp(k, "cascade")) { walk_map(w, vn, path, walk_cascade, c); return; }
+  if (!strcmp(k, "prefill_offload")) { walk_map(w, vn, path, walk_offload, c); return; }
+  bad(w, path, "unknown key (policy, small, large, cascade, prefill_offload)");
+}
+
+static void walk_gate(struct walk *w, const char *k, yaml_node_t *vn, const char *path, void *ctx) {
+  struct kvld_config *c = ctx;
+  if (!strcmp(k, "max_heldout_kl")) { get_double(w, vn, path, 0, 1e6, &c->gate.max_heldout_kl); return; }
+  if (!strcmp(k, "shadow_fraction")) { get_double(w, vn, path, 0, 1, &c->gate.shadow_fraction); return; }
+  if (!strcmp(k, "max_online_kl")) { get_double(w, vn, path, 0, 1e6, &c->gate.max_online_kl); return; }
+  long long v = c->gate.min_shadows;
+  if (!strcmp(k, "min_shadows")) { get_int(w, vn, path, 1, 1 << 20, &v); c->gate.min_shadows = (int)v; return; }
+  bad(w, path, "unknown key (max_heldout_kl, shadow_fraction, max_online_kl, min_shadows)");
+}
+
 static void walk_root(struct walk *w, yaml_node_t *n, struct kvld_config *c) {
   if (n->type != YAML_MAPPING_NODE) {
     bad(w, "(top level)", "expected a mapping of keys");
@@ -183,6 +259,10 @@ static void walk_root(struct walk *w, yaml_node_t *n, struct kvld_config *c) {
     if (!strcmp(k, "log_level")) { get_str(w, vn, path, c->log_level, sizeof(c->log_level)); continue; }
     if (!strcmp(k, "default_model")) { get_str(w, vn, path, c->default_model, sizeof(c->default_model)); continue; }
     if (!strcmp(k, "spill_dir")) { get_str(w, vn, path, c->spill_dir, sizeof(c->spill_dir)); continue; }
+    if (!strcmp(k, "replica_id")) { get_str(w, vn, path, c->replica_id, sizeof(c->replica_id)); continue; }
+    if (!strcmp(k, "conversation_ttl_s")) { get_double(w, vn, path, 1, 1e7, &c->conversation_ttl_s); continue; }
+    if (!strcmp(k, "router")) { walk_map(w, vn, path, walk_router, c); continue; }
+    if (!strcmp(k, "quality_gate")) { walk_map(w, vn, path, walk_gate, c); continue; }
     INT_FIELD("grpc_port", 0, 65535, c->grpc_port)
     INT_FIELD("http_port", -1, 65535, c->http_port)
     INT_FIELD("max_prompt_tokens", 1, 1 << 24, c->max_prompt_tokens)
@@ -234,6 +314,20 @@ static void walk_root(struct walk *w, yaml_node_t *n, struct kvld_config *c) {
   }
   if (set_models && !set_default && c->n_models > 0)
     snprintf(c->default_model, sizeof(c->default_model), "%s", c->models[0].name);
+  if (set_models) kvld_config_settle_router(c);
+}
+
+void kvld_config_settle_router(struct kvld_config *c) {
+  /* the router's defaults follow models of one's own: the first is small, the last large */
+  if (c->n_models > 0) {
+    bool small = false, large = false;
+    for (int i = 0; i < c->n_models; i++) {
+      small |= !strcmp(c->models[i].name, c->router.small);
+      large |= !strcmp(c->models[i].name, c->router.large);
+    }
+    if (!small) snprintf(c->router.small, sizeof(c->router.small), "%s", c->models[0].name);
+    if (!large) snprintf(c->router.large, sizeof(c->router.large), "%s", c->models[c->n_models - 1].name);
+  }
 }
 
 int kvld_config_load(struct kvld_config *c, const char *path, char *err, size_t errlen) {
@@ -286,6 +380,7 @@ int kvld_config_env(struct kvld_config *c, char *err, size_t errlen) {
   env_str("KVLINGO_ADMIN_TOKEN", c->admin_token, sizeof(c->admin_token));
   env_str("KVLINGO_LOG_LEVEL", c->log_level, sizeof(c->log_level));
   env_str("KVLINGO_LISTEN", c->listen, sizeof(c->listen));
+  env_str("KVLINGO_REPLICA_ID", c->replica_id, sizeof(c->replica_id));
   return rc;
 }
 
@@ -305,6 +400,17 @@ int kvld_config_check(const struct kvld_config *c, char *err, size_t errlen) {
   bool dm = false;
   for (int i = 0; i < c->n_models; i++) dm |= !strcmp(c->models[i].name, c->default_model);
   if (!dm) return kvl_errf(err, errlen, KVL_EINVAL, "default_model: '%s' is not one of the models", c->default_model);
+  if (strcmp(c->router.policy, "fixed")) {
+    bool small = false, large = false;
+    for (int i = 0; i < c->n_models; i++) {
+      small |= !strcmp(c->models[i].name, c->router.small);
+      large |= !strcmp(c->models[i].name, c->router.large);
+    }
+    if (!small || !large || !strcmp(c->router.small, c->router.large))
+      return kvl_errf(err, errlen, KVL_EINVAL, "router: policy %s needs two different models as small ('%s') and large ('%s')",
+                      c->router.policy, c->router.small, c->router.large);
+  }
+  if (!c->replica_id[0]) return kvl_errf(err, errlen, KVL_EINVAL, "replica_id: empty");
   if (!!c->tls_cert[0] != !!c->tls_key[0])
     return kvl_errf(err, errlen, KVL_EINVAL, "tls_cert and tls_key go together");
   if (c->default_max_tokens > c->max_new_tokens)

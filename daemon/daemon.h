@@ -56,6 +56,22 @@ struct kvld_config {
   char log_level[16];        /* debug | info | warn | error */
   char default_model[64];    /* what "auto" / "" means until the router lands */
   char spill_dir[1024];      /* where the models' disk tiers live */
+  char replica_id[128];      /* this replica's name in responses (default: the hostname) */
+  double conversation_ttl_s; /* a conversation's kept lines expire after this idle time */
+  struct {                   /* what model "auto" means */
+    char policy[24];         /* fixed | cascade | prefill-offload | pinned */
+    char small[64], large[64];
+    int cascade_window;      /* generated tokens per decision */
+    double cascade_max_mean_entropy; /* nats (0: unused) */
+    double cascade_min_logprob;      /* (0: unused) */
+    int prefill_offload_min_tokens;  /* prompts at least this long go small -> large */
+  } router;
+  struct {                   /* per translator (DESIGN.md "Translation") */
+    double max_heldout_kl;   /* the file's held-out KL over this: never used (0: no bar) */
+    double shadow_fraction;  /* of translated requests also re-prefilled in the background */
+    double max_online_kl;    /* the shadows' KL estimate over this: re-prefill instead (0: no bar) */
+    int min_shadows;
+  } gate;
   struct kvld_model_cfg models[KVLD_MAX_MODELS];
   int n_models;
   char translators[KVLD_MAX_TRANSLATORS][1024];
@@ -72,6 +88,9 @@ int kvld_config_load(struct kvld_config *c, const char *path, char *err, size_t 
  * KVLINGO_LOG_LEVEL, KVLINGO_LISTEN override the file; flags override both. */
 int kvld_config_env(struct kvld_config *c, char *err, size_t errlen);
 int kvld_config_check(const struct kvld_config *c, char *err, size_t errlen);
+/* Models of one's own: a router model name that is not among them becomes the first
+ * (small) or the last (large) model. */
+void kvld_config_settle_router(struct kvld_config *c);
 
 /* ---- logging (log.c): JSON lines on stderr --------------------------------------------- */
 
@@ -138,6 +157,38 @@ struct kvld_translator {
 struct kvld_grpc;
 struct kvld_http;
 
+/* ---- conversations and routing (route.c) -------------------------------------------- */
+
+/* What the router decided for a request, and why (reported in responses and counted). */
+struct kvld_route {
+  char policy[24];     /* requested | fixed | cascade | prefill-offload | pinned */
+  char decision[24];   /* the model's role: requested, default, small, large, prefill-offload, pinned, escalated */
+  char reason[200];
+  int from_model;      /* escalated: the model it left (daemon index), else -1 */
+  int handoff_token;   /* escalated: index of the first token from the new model, else -1 */
+};
+
+/* The proto's TranslationOutcome values. */
+enum kvld_outcome { KVLD_TR_NOT_NEEDED = 1, KVLD_TR_APPLIED = 2, KVLD_TR_FALLBACK = 3, KVLD_TR_UNSUPPORTED = 4 };
+enum kvld_outcome kvld_outcome_of(const struct kvl_usage *u);
+const char *kvld_outcome_name(enum kvld_outcome o); /* not_needed, applied, fallback_reprefill, unsupported */
+
+struct kvld_conv {
+  char id[128];
+  uint64_t key;        /* the scheduler's conversation key */
+  double last_used;
+  int pinned;          /* daemon model index the pinned policy keeps it on, -1 */
+  uint32_t turns;
+  struct kvld_conv *next;
+};
+
+#define KVLD_CONV_BUCKETS 512
+#define KVLD_MAX_ROUTES 32
+struct kvld_route_count {
+  char policy[24], decision[24];
+  uint64_t n;
+};
+
 struct kvld {
   uv_loop_t *loop;
   struct kvld_config cfg;
@@ -146,6 +197,7 @@ struct kvld {
   struct kvld_translator translators[KVLD_MAX_TRANSLATORS];
   int n_translators;
   kvl_engine_t *engine;
+  kvl_sched_t *boot_sched;    /* the scheduler before the engine owns it (start-up only) */
   struct kvld_grpc *grpc;
   struct kvld_http *http;
   int grpc_port, http_port;   /* bound */
@@ -156,7 +208,33 @@ struct kvld {
   double t_start;
   uv_signal_t sig_term, sig_int;
   uv_timer_t drain_timer;
+  /* conversations (route.c) */
+  struct kvld_conv *convs[KVLD_CONV_BUCKETS];
+  int conv_active;
+  uint64_t conv_started, conv_turns, conv_expired;
+  uv_timer_t conv_timer;
+  /* routing and translation counters */
+  struct kvld_route_count routes[KVLD_MAX_ROUTES];
+  int n_routes;
+  uint64_t outcomes[5];       /* by enum kvld_outcome */
+  uint64_t handoffs[KVLD_MAX_MODELS][KVLD_MAX_MODELS];
 };
+
+/* Conversation ids: length 1..127, printable ASCII. KVLD_OK or a message. */
+enum kvld_status kvld_conv_check_id(const char *id, char *msg, size_t msglen);
+/* A request of conversation `id` arrives: counters, last use; its record (NULL: out of memory). */
+struct kvld_conv *kvld_conv_touch(struct kvld *d, const char *id);
+/* The expiry sweep (a timer on the loop; kept lines dropped in the engine too). */
+void kvld_conv_start(struct kvld *d);
+void kvld_conv_stop(struct kvld *d);
+/* Route a request whose prompt is in p (tokenized by p->model): choose its model and
+ * fill p->route and the scheduler request's routing fields (model, cascade, prefill_on,
+ * conversation). */
+struct kvld_gen_params;
+void kvld_route(struct kvld *d, struct kvld_gen_params *p, struct kvl_request *q);
+/* The model that "auto" tokenizes with. */
+int kvld_auto_model(const struct kvld *d);
+void kvld_route_count(struct kvld *d, const char *policy, const char *decision);
 
 double kvld_now(void);
 /* Model index by name; "auto" and "" give the default model. -1 when unknown (or
@@ -217,6 +295,9 @@ struct kvld_gen_params {
   bool ignore_eos;
   bool logprobs;
   char request_id[128];
+  char conversation[128];          /* "" = none */
+  bool is_auto;                    /* the client asked for "auto" (or no model) */
+  struct kvld_route route;         /* filled by kvld_route */
 };
 
 void kvld_gen_params_free(struct kvld_gen_params *p);
@@ -248,6 +329,9 @@ struct kvld_req {
   struct kvl_usage usage;
   double t_arrival, t_first, t_last, queue_s;
   int generated;
+  int cur_model;              /* the model producing tokens now (daemon index) */
+  float *ent;                 /* cascade: the last window's entropies (ring), for the reason */
+  int n_ent, w_ent;
 };
 
 /* Validate and resolve: fills p from already-decoded fields. Returns KVLD_OK or a status

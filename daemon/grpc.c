@@ -203,13 +203,23 @@ static Kvlingo__V1__FinishReason finish_pb(enum kvld_finish f) {
   }
 }
 
-static void fill_usage(const struct kvld_req *r, Kvlingo__V1__Usage *u, Kvlingo__V1__Timings *t) {
+/* The final message's usage, timings and routing (rt's strings point into r). */
+static void fill_usage(const struct kvld_req *r, Kvlingo__V1__Usage *u, Kvlingo__V1__Timings *t,
+                       Kvlingo__V1__Routing *rt) {
   u->prompt_tokens = (uint32_t)r->usage.prompt_tokens;
   u->cached_native_tokens = (uint32_t)r->usage.cached_native;
   u->cached_translated_tokens = (uint32_t)r->usage.cached_translated;
-  u->translated_tokens = 0;
+  u->translated_tokens = (uint32_t)r->usage.translated;
   u->prefilled_tokens = (uint32_t)r->usage.prefilled;
   u->generated_tokens = (uint32_t)r->generated;
+  u->untranslatable_tokens = (uint32_t)r->usage.untranslatable;
+  u->declined_tokens = (uint32_t)r->usage.declined;
+  u->handoffs = (uint32_t)r->usage.handoffs;
+  rt->policy = (char *)r->p.route.policy;
+  rt->decision = (char *)r->p.route.decision;
+  rt->reason = (char *)r->p.route.reason;
+  rt->from_model = r->p.route.from_model >= 0 ? (char *)r->d->models[r->p.route.from_model].name : "";
+  rt->handoff_token = r->p.route.handoff_token;
   t->queue_seconds = r->queue_s;
   t->time_to_first_token_seconds = r->t_first > 0 ? r->t_first - r->t_arrival : 0;
   t->total_seconds = kvld_now() - r->t_arrival;
@@ -256,7 +266,8 @@ static void pump(struct call *c) {
   Kvlingo__V1__GenerateResponse m = KVLINGO__V1__GENERATE_RESPONSE__INIT;
   Kvlingo__V1__Usage u = KVLINGO__V1__USAGE__INIT;
   Kvlingo__V1__Timings t = KVLINGO__V1__TIMINGS__INIT;
-  m.model = r->d->models[r->p.model].name;
+  Kvlingo__V1__Routing rt = KVLINGO__V1__ROUTING__INIT;
+  m.model = r->d->models[r->cur_model].name;
   m.text = o.text ? o.text : "";
   m.n_token_ids = (size_t)o.n;
   m.token_ids = o.ids;
@@ -267,10 +278,12 @@ static void pump(struct call *c) {
   m.request_id = r->p.request_id;
   if (r->done) {
     m.finish_reason = finish_pb(r->finish);
-    fill_usage(r, &u, &t);
+    fill_usage(r, &u, &t, &rt);
     m.usage = &u;
     m.timings = &t;
-    m.translation = KVLINGO__V1__TRANSLATION_OUTCOME__TRANSLATION_OUTCOME_NOT_NEEDED;
+    m.routing = &rt;
+    m.replica = r->d->cfg.replica_id;
+    m.translation = (Kvlingo__V1__TranslationOutcome)kvld_outcome_of(&r->usage);
     c->final_sent = true;
   }
   grpc_op ops[2];
@@ -322,7 +335,8 @@ static void complete_sink(struct kvld_req *r, void *ud) {
       Kvlingo__V1__Choice ch = KVLINGO__V1__CHOICE__INIT, *chs[1] = {&ch};
       Kvlingo__V1__Usage u = KVLINGO__V1__USAGE__INIT;
       Kvlingo__V1__Timings t = KVLINGO__V1__TIMINGS__INIT;
-      m.model = r->d->models[r->p.model].name;
+      Kvlingo__V1__Routing rt = KVLINGO__V1__ROUTING__INIT;
+      m.model = r->d->models[r->cur_model].name;
       ch.text = c->acc_text ? c->acc_text : "";
       ch.n_token_ids = (size_t)c->acc_n;
       ch.token_ids = c->acc_ids;
@@ -333,10 +347,12 @@ static void complete_sink(struct kvld_req *r, void *ud) {
       ch.finish_reason = finish_pb(r->finish);
       m.n_choices = 1;
       m.choices = chs;
-      fill_usage(r, &u, &t);
+      fill_usage(r, &u, &t, &rt);
       m.usage = &u;
       m.timings = &t;
-      m.translation = KVLINGO__V1__TRANSLATION_OUTCOME__TRANSLATION_OUTCOME_NOT_NEEDED;
+      m.routing = &rt;
+      m.replica = r->d->cfg.replica_id;
+      m.translation = (Kvlingo__V1__TranslationOutcome)kvld_outcome_of(&r->usage);
       m.request_id = r->p.request_id;
       send_status(c, KVLD_OK, NULL, &m.base);
     }
@@ -420,9 +436,17 @@ static enum kvld_status sampling_from_pb(const Kvlingo__V1__SamplingParams *s, s
   return KVLD_OK;
 }
 
-static enum kvld_status gen_from_pb(struct kvld *d, const Kvlingo__V1__GenerateRequest *q, struct kvld_gen_params *p,
-                                    char *msg, size_t msglen) {
+static enum kvld_status gen_from_pb(struct kvld *d, const Kvlingo__V1__GenerateRequest *q,
+                                    const grpc_metadata_array *md, struct kvld_gen_params *p, char *msg, size_t msglen) {
   memset(p, 0, sizeof(*p));
+  /* the conversation: the field, else the affinity header's metadata */
+  const char *cid = q->conversation_id && q->conversation_id[0] ? q->conversation_id : NULL;
+  char from_md[256] = "";
+  if (!cid && md_value(md, "x-kvlingo-conversation", from_md, sizeof(from_md)) && from_md[0]) cid = from_md;
+  if (cid) {
+    if (kvld_conv_check_id(cid, msg, msglen) != KVLD_OK) return KVLD_INVALID_ARGUMENT;
+    snprintf(p->conversation, sizeof(p->conversation), "%s", cid);
+  }
   enum kvld_status st;
   json_t *chat = NULL;
   const char *text = NULL;
@@ -459,8 +483,11 @@ static enum kvld_status gen_from_pb(struct kvld *d, const Kvlingo__V1__GenerateR
     snprintf(msg, msglen, "a chat message is not valid UTF-8");
     return KVLD_INVALID_ARGUMENT;
   }
+  char conv[sizeof(p->conversation)];
+  memcpy(conv, p->conversation, sizeof(conv));
   st = kvld_prepare(d, q->model, text, text_len, ids, n_ids, chat, cont, p, msg, msglen);
   json_decref(chat);
+  memcpy(p->conversation, conv, sizeof(conv));
   if (st != KVLD_OK) return st;
   if ((st = sampling_from_pb(q->sampling, p, msg, msglen)) != KVLD_OK) return st;
   p->max_tokens = q->max_tokens > (uint32_t)INT32_MAX ? INT32_MAX : (int32_t)q->max_tokens;
@@ -653,7 +680,7 @@ static void handle(struct call *c) {
     Kvlingo__V1__GenerateRequest *q = unpack(c, &kvlingo__v1__generate_request__descriptor, buf, len);
     if (!q) break;
     struct kvld_gen_params p;
-    enum kvld_status st = gen_from_pb(d, q, &p, msg, sizeof(msg));
+    enum kvld_status st = gen_from_pb(d, q, &c->md, &p, msg, sizeof(msg));
     kvlingo__v1__generate_request__free_unpacked(q, NULL);
     if (st == KVLD_OK)
       st = kvld_req_start(d, &p, c->m == M_GENERATE ? generate_sink : complete_sink, c, &c->req, msg, sizeof(msg));

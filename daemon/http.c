@@ -53,12 +53,15 @@ struct hconn {
 static void reschedule(struct kvld_http *h);
 static enum MHD_Result openai(struct hconn *c, struct MHD_Connection *conn, const char *upload, size_t *upload_size);
 
+static char g_replica[128]; /* every response says which replica answered (affinity checks, debugging) */
+
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type, char *body, size_t len,
                              bool free_body) {
   struct MHD_Response *r = MHD_create_response_from_buffer(len, body, free_body ? MHD_RESPMEM_MUST_FREE
                                                                                : MHD_RESPMEM_PERSISTENT);
   if (!r) return MHD_NO;
   MHD_add_response_header(r, "Content-Type", type);
+  MHD_add_response_header(r, "x-kvlingo-replica", g_replica);
   enum MHD_Result ret = MHD_queue_response(conn, status, r);
   MHD_destroy_response(r);
   return ret;
@@ -184,6 +187,20 @@ static json_t *usage_json(const struct kvld_req *r) {
                    r->usage.cached_native + r->usage.cached_translated);
 }
 
+/* What only kvlingo reports, beside OpenAI's fields: the replica, the translation
+ * outcome, the routing decision and the full usage. */
+static json_t *kvlingo_json(const struct kvld_req *r) {
+  const struct kvld_route *rt = &r->p.route;
+  const struct kvl_usage *u = &r->usage;
+  return json_pack("{s:s,s:s,s:{s:s,s:s,s:s,s:s,s:i},s:{s:i,s:i,s:i,s:i,s:i,s:i,s:i}}", "replica", g_replica,
+                   "translation", kvld_outcome_name(kvld_outcome_of(u)), "route", "policy", rt->policy, "decision",
+                   rt->decision, "reason", rt->reason, "from_model",
+                   rt->from_model >= 0 ? r->d->models[rt->from_model].name : "", "handoff_token", rt->handoff_token,
+                   "usage", "cached_native_tokens", u->cached_native, "cached_translated_tokens", u->cached_translated,
+                   "translated_tokens", u->translated, "prefilled_tokens", u->prefilled, "untranslatable_tokens",
+                   u->untranslatable, "declined_tokens", u->declined, "handoffs", u->handoffs);
+}
+
 static json_t *finish_json(const struct kvld_req *r) {
   if (!r->done) return json_null();
   return json_string(r->finish == KVLD_FIN_LENGTH ? "length" : r->finish == KVLD_FIN_STOP ? "stop" : "abort");
@@ -233,6 +250,7 @@ static void http_sink(struct kvld_req *r, void *ud) {
   size_t len = o.len;
   free(o.ids);
   free(o.lps);
+  snprintf(c->model, sizeof(c->model), "%s", r->d->models[r->cur_model].name); /* changes at a handoff */
   if (c->conn_done) { /* the client is gone */
     free(text);
     if (r->done) {
@@ -248,7 +266,9 @@ static void http_sink(struct kvld_req *r, void *ud) {
       if (r->status != KVLD_OK) {
         out_event(c, json_pack("{s:{s:s,s:s}}", "error", "message", r->message, "type", "server_error"));
       } else {
-        out_event(c, chunk_json(c, NULL, 0, finish_json(r)));
+        json_t *last = chunk_json(c, NULL, 0, finish_json(r));
+        json_object_set_new(last, "kvlingo", kvlingo_json(r));
+        out_event(c, last);
         if (c->include_usage)
           out_event(c, json_pack("{s:s,s:s,s:i,s:s,s:[],s:o}", "id", c->id, "object",
                                  c->route == R_CHAT ? "chat.completion.chunk" : "text_completion", "created",
@@ -282,6 +302,7 @@ static void http_sink(struct kvld_req *r, void *ud) {
         j = json_pack("{s:s,s:s,s:i,s:s,s:[o],s:o}", "id", c->id, "object",
                       c->route == R_CHAT ? "chat.completion" : "text_completion", "created", (int)c->created, "model",
                       c->model, "choices", choice, "usage", usage_json(r));
+        json_object_set_new(j, "kvlingo", kvlingo_json(r));
       }
       char *s = json_dumps(j, JSON_COMPACT);
       json_decref(j);
@@ -338,6 +359,23 @@ static enum kvld_status openai_start(struct hconn *c, char *msg, size_t msglen) 
   memset(&p, 0, sizeof(p));
   enum kvld_status st;
   const char *model = json_string_value(json_object_get(j, "model"));
+  /* the conversation: the affinity header, else the body's conversation_id */
+  const char *cid = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "x-kvlingo-conversation");
+  json_t *jc = json_object_get(j, "conversation_id");
+  if ((!cid || !*cid) && jc && !json_is_string(jc)) {
+    json_decref(j);
+    snprintf(msg, msglen, "'conversation_id' must be a string");
+    return KVLD_INVALID_ARGUMENT;
+  }
+  if (!cid || !*cid) cid = json_string_value(jc);
+  char conv[sizeof(p.conversation)] = "";
+  if (cid && *cid) {
+    if ((st = kvld_conv_check_id(cid, msg, msglen)) != KVLD_OK) {
+      json_decref(j);
+      return st;
+    }
+    snprintf(conv, sizeof(conv), "%s", cid);
+  }
   if (c->route == R_CHAT) {
     json_t *msgs = json_object_get(j, "messages");
     if (!json_is_array(msgs)) {
@@ -391,6 +429,7 @@ static enum kvld_status openai_start(struct hconn *c, char *msg, size_t msglen) 
     }
   }
   if (st != KVLD_OK) goto fail;
+  memcpy(p.conversation, conv, sizeof(conv));
   kvl_sampler_params_init(&p.sampling);
   bool has;
   p.sampling.temperature = (float)num(j, "temperature", 1.0, NULL);
@@ -481,6 +520,7 @@ static enum MHD_Result openai(struct hconn *c, struct MHD_Connection *conn, cons
       struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_reader, c, NULL);
       MHD_add_response_header(r, "Content-Type", "text/event-stream");
       MHD_add_response_header(r, "Cache-Control", "no-cache");
+      MHD_add_response_header(r, "x-kvlingo-replica", g_replica);
       enum MHD_Result ret = MHD_queue_response(conn, 200, r);
       MHD_destroy_response(r);
       return ret;
@@ -541,6 +581,7 @@ int kvld_http_start(struct kvld *d, char *err, size_t errlen) {
   struct kvld_http *h = calloc(1, sizeof(*h));
   if (!h) return KVL_ENOMEM;
   h->d = d;
+  snprintf(g_replica, sizeof(g_replica), "%s", d->cfg.replica_id);
   struct sockaddr_in sa;
   memset(&sa, 0, sizeof(sa));
   if (uv_ip4_addr(d->cfg.listen, d->cfg.http_port, &sa) != 0) {

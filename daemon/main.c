@@ -37,11 +37,14 @@ static void usage(FILE *f) {
     "  -m, --model NAME=PATH  serve this model (repeatable; replaces the default pair)\n"
     "  -t, --translator FILE  load this translator (repeatable)\n"
     "      --log-level L      debug, info, warn, error (default info)\n"
+    "      --router POLICY    what model \"auto\" means: fixed (the default model), cascade,\n"
+    "                         prefill-offload or pinned (docs/daemon.md, \"Routing\")\n"
+    "      --replica-id ID    this replica's name in responses (default: the hostname)\n"
     "  -h, --help             this text\n"
     "      --version          print the version\n"
     "\n"
     "Environment: KVLINGO_GRPC_PORT, KVLINGO_HTTP_PORT, KVLINGO_LISTEN, KVLINGO_AUTH_TOKEN,\n"
-    "KVLINGO_ADMIN_TOKEN, KVLINGO_LOG_LEVEL override the file; flags override both.\n"
+    "KVLINGO_ADMIN_TOKEN, KVLINGO_LOG_LEVEL, KVLINGO_REPLICA_ID override the file; flags override both.\n"
     "Once listening, one line goes to stdout: 'kvlingod listening grpc=HOST:PORT http=HOST:PORT'.\n");
 }
 
@@ -158,6 +161,7 @@ static void on_grpc_down(struct kvld *d) {
   uv_close((uv_handle_t *)&d->sig_term, NULL);
   uv_close((uv_handle_t *)&d->sig_int, NULL);
   uv_close((uv_handle_t *)&d->drain_timer, NULL);
+  kvld_conv_stop(d);
   kvld_log(KVLD_INFO, "stopped", NULL);
 }
 
@@ -183,12 +187,13 @@ static void on_signal(uv_signal_t *s, int signum) {
 }
 
 int main(int argc, char **argv) {
-  enum { O_GRPC = 1000, O_HTTP, O_LISTEN, O_LOG, O_VERSION };
+  enum { O_GRPC = 1000, O_HTTP, O_LISTEN, O_LOG, O_VERSION, O_REPLICA, O_ROUTER };
   static const struct option opts[] = {
     {"config", required_argument, 0, 'c'}, {"grpc-port", required_argument, 0, O_GRPC},
     {"http-port", required_argument, 0, O_HTTP}, {"listen", required_argument, 0, O_LISTEN},
     {"model", required_argument, 0, 'm'}, {"translator", required_argument, 0, 't'},
     {"log-level", required_argument, 0, O_LOG}, {"help", no_argument, 0, 'h'},
+    {"replica-id", required_argument, 0, O_REPLICA}, {"router", required_argument, 0, O_ROUTER},
     {"version", no_argument, 0, O_VERSION}, {0, 0, 0, 0}};
   static struct kvld d;
   g_d = &d;
@@ -227,6 +232,15 @@ int main(int argc, char **argv) {
     case O_HTTP: d.cfg.http_port = (int)strtol(optarg, &end, 10); if (*end || d.cfg.http_port < -1 || d.cfg.http_port > 65535) { fprintf(stderr, "kvlingod: --http-port: '%s' is not a port\n", optarg); return 2; } break;
     case O_LISTEN: snprintf(d.cfg.listen, sizeof(d.cfg.listen), "%s", optarg); break;
     case O_LOG: snprintf(d.cfg.log_level, sizeof(d.cfg.log_level), "%s", optarg); break;
+    case O_REPLICA: snprintf(d.cfg.replica_id, sizeof(d.cfg.replica_id), "%s", optarg); break;
+    case O_ROUTER: {
+      static const char *const ok[] = {"fixed", "cascade", "prefill-offload", "pinned"};
+      bool found = false;
+      for (int i = 0; i < 4; i++) found |= !strcmp(optarg, ok[i]);
+      if (!found) { fprintf(stderr, "kvlingod: --router: expected fixed, cascade, prefill-offload or pinned, got '%s'\n", optarg); return 2; }
+      snprintf(d.cfg.router.policy, sizeof(d.cfg.router.policy), "%s", optarg);
+      break;
+    }
     case 'm': {
       char *eq = strchr(optarg, '=');
       if (!eq || eq == optarg || !eq[1]) { fprintf(stderr, "kvlingod: --model: expected NAME=PATH, got '%s'\n", optarg); return 2; }
@@ -254,6 +268,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "kvlingod: unexpected argument '%s'\n", argv[optind]);
     return 2;
   }
+  if (flag_models) kvld_config_settle_router(&d.cfg);
   if (kvld_config_check(&d.cfg, err, sizeof(err)) < 0) {
     fprintf(stderr, "kvlingod: configuration: %s\n", err);
     return 2;
@@ -266,8 +281,10 @@ int main(int argc, char **argv) {
   kvl_sched_t *s;
   if (kvl_sched_new(&sc, &s) < 0) return 1;
   int rc = load_models(&d, s, err, sizeof(err));
+  d.boot_sched = s;
   if (rc == 0) rc = load_translators(&d, err, sizeof(err));
   if (rc == 0 && (rc = kvl_engine_start(d.loop, s, &d.engine)) < 0) snprintf(err, sizeof(err), "engine: %s", kvl_strerror(rc));
+  d.boot_sched = NULL;
   if (rc < 0) {
     fprintf(stderr, "kvlingod: %s\n", err);
     kvld_log(KVLD_ERROR, "start_failed", NULL);
@@ -285,6 +302,7 @@ int main(int argc, char **argv) {
   uv_signal_start(&d.sig_int, on_signal, SIGINT);
   uv_timer_init(d.loop, &d.drain_timer);
   d.drain_timer.data = &d;
+  kvld_conv_start(&d);
   d.serving = true;
   char http[160] = "off";
   if (d.cfg.http_port >= 0) snprintf(http, sizeof(http), "%s:%d", d.cfg.listen, d.http_port);

@@ -143,6 +143,43 @@ char *kvld_metrics_render(const struct kvld *d) {
   for (int i = 0; i < d->n_translators; i++)
     put(&b, "kvlingo:translators_loaded{source=\"%s\",target=\"%s\"} 1\n", d->models[d->translators[i].src].name,
         d->models[d->translators[i].dst].name);
+  head(&b, "kvlingo:translation_outcomes_total", "counter",
+       "Finished requests by translation outcome (applied, fallback_reprefill, unsupported, not_needed).");
+  for (int o = KVLD_TR_NOT_NEEDED; o <= KVLD_TR_UNSUPPORTED; o++)
+    put(&b, "kvlingo:translation_outcomes_total{outcome=\"%s\"} %llu\n", kvld_outcome_name((enum kvld_outcome)o),
+        (unsigned long long)d->outcomes[o]);
+  head(&b, "kvlingo:route_decisions_total", "counter", "Routing decisions by policy and decision.");
+  for (int i = 0; i < d->n_routes; i++)
+    put(&b, "kvlingo:route_decisions_total{policy=\"%s\",decision=\"%s\"} %llu\n", d->routes[i].policy,
+        d->routes[i].decision, (unsigned long long)d->routes[i].n);
+  head(&b, "kvlingo:handoffs_total", "counter", "Requests that moved from one model to another mid-answer (cascade).");
+  for (int i = 0; i < d->n_models; i++)
+    for (int k = 0; k < d->n_models; k++)
+      if (i != k && d->models[i].active && d->models[k].active)
+        put(&b, "kvlingo:handoffs_total{source=\"%s\",target=\"%s\"} %llu\n", d->models[i].name, d->models[k].name,
+            (unsigned long long)d->handoffs[i][k]);
+  /* the quality gate: the scheduler's per-translator statistics, from its snapshot */
+  head(&b, "kvlingo:translator_shadows_total", "counter", "Translated requests re-prefilled natively to measure the translator.");
+  for (int pass = 0; pass < 3; pass++) {
+    if (pass == 1) head(&b, "kvlingo:translator_online_kl", "gauge", "Online estimate of KL(native || translated), nats.");
+    if (pass == 2) head(&b, "kvlingo:translator_gated", "gauge", "1 when the quality gate re-prefills instead of translating.");
+    for (int i = 0; i < d->n_translators; i++) {
+      const struct kvld_translator *t = &d->translators[i];
+      struct kvl_sched_model_stats ms = {0};
+      if (!d->engine || kvl_engine_model_stats(d->engine, d->models[t->dst].sched_id, &ms) < 0) continue;
+      const struct kvl_translator_stats *ts = &ms.from[d->models[t->src].sched_id];
+      const char *sn = d->models[t->src].name, *tn = d->models[t->dst].name;
+      if (pass == 0) put(&b, "kvlingo:translator_shadows_total{source=\"%s\",target=\"%s\"} %llu\n", sn, tn, (unsigned long long)ts->shadows);
+      if (pass == 1) put(&b, "kvlingo:translator_online_kl{source=\"%s\",target=\"%s\"} %.6g\n", sn, tn, ts->kl_mean);
+      if (pass == 2) put(&b, "kvlingo:translator_gated{source=\"%s\",target=\"%s\"} %d\n", sn, tn, ts->gated ? 1 : 0);
+    }
+  }
+  head(&b, "kvlingo:conversations_started_total", "counter", "Conversation ids this replica saw for the first time.");
+  put(&b, "kvlingo:conversations_started_total %llu\n", (unsigned long long)d->conv_started);
+  head(&b, "kvlingo:conversation_turns_total", "counter", "Requests that carried a conversation id.");
+  put(&b, "kvlingo:conversation_turns_total %llu\n", (unsigned long long)d->conv_turns);
+  head(&b, "kvlingo:conversations_active", "gauge", "Conversations known to this replica (not yet expired).");
+  put(&b, "kvlingo:conversations_active %d\n", d->conv_active);
   head(&b, "kvlingo:uptime_seconds", "gauge", "Seconds since the daemon started.");
   put(&b, "kvlingo:uptime_seconds %.3f\n", kvld_now() - d->t_start);
   return b.s;

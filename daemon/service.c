@@ -34,7 +34,7 @@ void kvld_gen_params_free(struct kvld_gen_params *p) {
 }
 
 int kvld_model_find(const struct kvld *d, const char *name) {
-  if (!name || !*name || !strcmp(name, "auto")) name = d->cfg.default_model;
+  if (!name || !*name || !strcmp(name, "auto")) return kvld_auto_model(d);
   for (int i = 0; i < d->n_models; i++)
     if (kvld_model_live(d, i) && !strcmp(d->models[i].name, name)) return i;
   return -1;
@@ -63,6 +63,7 @@ enum kvld_status kvld_prepare(struct kvld *d, const char *model, const char *tex
   }
   struct kvld_model *m = &d->models[mi];
   p->model = mi;
+  p->is_auto = !model || !*model || !strcmp(model, "auto");
   int n_vocab = kvl_model_hparams(m->m)->n_vocab;
   size_t n = 0;
   int32_t *toks = NULL;
@@ -187,6 +188,8 @@ static void finish_metrics(struct kvld_req *r) {
   m->mx.generation_tokens += (uint64_t)r->generated;
   m->mx.prefix_queries += (uint64_t)r->usage.prompt_tokens;
   m->mx.prefix_hits += (uint64_t)(r->usage.cached_native + r->usage.cached_translated);
+  m->mx.translated_tokens += (uint64_t)r->usage.translated;
+  r->d->outcomes[kvld_outcome_of(&r->usage)]++;
   int fi = r->finish == KVLD_FIN_STOP ? 0 : r->finish == KVLD_FIN_LENGTH ? 1 : r->finish == KVLD_FIN_CANCELLED ? 2 : 3;
   m->mx.success[fi]++;
   kvld_hist_observe(&m->mx.e2e, now - r->t_arrival);
@@ -194,16 +197,46 @@ static void finish_metrics(struct kvld_req *r) {
   if (m->mx.running > 0) m->mx.running--;
   kvld_log(KVLD_INFO, "request_done",
            "\"request\":%llu,\"request_id\":\"%s\",\"model\":\"%s\",\"finish\":\"%s\",\"prompt_tokens\":%d,"
-           "\"cached_tokens\":%d,\"generated_tokens\":%d,\"ttft_s\":%.4f,\"e2e_s\":%.4f",
+           "\"cached_tokens\":%d,\"translated_tokens\":%d,\"prefilled_tokens\":%d,\"generated_tokens\":%d,"
+           "\"translation\":\"%s\",\"route\":\"%s/%s\",\"ttft_s\":%.4f,\"e2e_s\":%.4f",
            (unsigned long long)r->id, r->p.request_id, m->name, kvld_finish_name(r->finish), r->usage.prompt_tokens,
-           r->usage.cached_native + r->usage.cached_translated, r->generated,
+           r->usage.cached_native + r->usage.cached_translated, r->usage.translated, r->usage.prefilled, r->generated,
+           kvld_outcome_name(kvld_outcome_of(&r->usage)), r->p.route.policy, r->p.route.decision,
            r->t_first > 0 ? r->t_first - r->t_arrival : -1.0, now - r->t_arrival);
+}
+
+/* Which model produced this token: a change is the cascade's handoff, reported with the
+ * window that caused it. */
+static void note_model(struct kvld_req *r, const struct kvl_token_event *tok) {
+  struct kvld *d = r->d;
+  if (r->ent && r->w_ent > 0) r->ent[r->n_ent++ % r->w_ent] = tok->entropy;
+  if (tok->model == d->models[r->cur_model].sched_id) return;
+  int to = -1;
+  for (int i = 0; i < d->n_models && to < 0; i++)
+    if (d->models[i].m && d->models[i].active && d->models[i].sched_id == tok->model) to = i;
+  if (to < 0) return;
+  struct kvld_route *rt = &r->p.route;
+  rt->from_model = r->cur_model;
+  rt->handoff_token = r->generated;
+  double mean = 0;
+  int n = r->n_ent - 1 < r->w_ent ? r->n_ent - 1 : r->w_ent; /* the window before this token */
+  for (int i = 0; i < n; i++) mean += r->ent[(r->n_ent - 2 - i + r->w_ent * 2) % r->w_ent];
+  if (n > 0) mean /= n;
+  snprintf(rt->decision, sizeof(rt->decision), "escalated");
+  snprintf(rt->reason, sizeof(rt->reason), "%s handed over to %s at token %d: mean entropy %.3f nats over the last %d tokens",
+           d->models[r->cur_model].name, d->models[to].name, r->generated, mean, n);
+  d->handoffs[r->cur_model][to]++;
+  kvld_route_count(d, rt->policy, "escalated");
+  kvld_log(KVLD_INFO, "handoff", "\"request\":%llu,\"from\":\"%s\",\"to\":\"%s\",\"token\":%d,\"mean_entropy\":%.4f",
+           (unsigned long long)r->id, d->models[r->cur_model].name, d->models[to].name, r->generated, mean);
+  r->cur_model = to;
 }
 
 static void on_event(void *ud, const struct kvl_engine_event *ev) {
   struct kvld_req *r = ud;
   struct kvld_model *m = &r->d->models[r->p.model];
   double now = kvld_now();
+  if (ev->tok.token >= 0) note_model(r, &ev->tok);
   if (ev->tok.token >= 0 && !r->stop_hit) {
     if (r->generated == 0) {
       r->t_first = now;
@@ -278,7 +311,6 @@ enum kvld_status kvld_req_start(struct kvld *d, struct kvld_gen_params *p, kvld_
     kvld_gen_params_free(p);
     return fail(msg, msglen, KVLD_RESOURCE_EXHAUSTED, "out of memory");
   }
-  struct kvld_model *m = &d->models[p->model];
   r->d = d;
   r->p = *p;
   memset(p, 0, sizeof(*p));
@@ -286,16 +318,22 @@ enum kvld_status kvld_req_start(struct kvld *d, struct kvld_gen_params *p, kvld_
   r->sink = sink;
   r->sink_ud = ud;
   r->t_arrival = kvld_now();
-  r->detok = kvl_detok_new(m->tk, (const char *const *)r->p.stops);
-  struct kvl_request q = {.model = m->sched_id, .prompt = r->p.prompt, .n_prompt = r->p.n_prompt,
+  /* a model's own translated blocks are its line too: reuse them (usage says which) */
+  struct kvl_request q = {.model = d->models[r->p.model].sched_id, .prompt = r->p.prompt, .n_prompt = r->p.n_prompt,
                           .max_tokens = r->p.max_tokens, .sampling = r->p.sampling,
-                          .stop_ids = r->p.stop_ids, .n_stop_ids = r->p.n_stop_ids, .reuse = KVL_REUSE_NATIVE_ONLY};
+                          .stop_ids = r->p.stop_ids, .n_stop_ids = r->p.n_stop_ids, .reuse = KVL_REUSE_ANY};
   q.sampling.bias = r->p.bias;
+  kvld_route(d, &r->p, &q);
+  struct kvld_model *m = &d->models[r->p.model];
+  r->cur_model = r->p.model; /* prefill_on: the first token already comes from it */
+  if (q.cascade.on && (r->ent = calloc((size_t)q.cascade.window, sizeof(float)))) r->w_ent = q.cascade.window;
+  r->detok = kvl_detok_new(m->tk, (const char *const *)r->p.stops);
   char err[512];
   int rc = r->detok ? kvl_engine_submit(d->engine, &q, on_event, r, &r->engine_id, err, sizeof(err)) : KVL_ENOMEM;
   if (rc < 0) {
     kvl_detok_free(r->detok);
     kvld_gen_params_free(&r->p);
+    free(r->ent);
     free(r);
     return fail(msg, msglen, rc == KVL_EINVAL ? KVLD_INVALID_ARGUMENT : KVLD_UNAVAILABLE, "%s",
                 rc == KVL_ENOMEM ? "out of memory" : err);
@@ -335,6 +373,7 @@ void kvld_req_release(struct kvld_req *r) {
   r->d->in_flight--; /* counted from start to here: the drain waits for the answer to go out */
   kvl_detok_free(r->detok);
   kvld_gen_params_free(&r->p);
+  free(r->ent);
   free(r->text);
   free(r->ids);
   free(r->lps);
