@@ -300,9 +300,16 @@ int kvld_translator_add(struct kvld *d, const char *path, char *err, size_t errl
   for (int k = 0; k < d->n_models; k++)
     if (kvld_model_live(d, k)) kvl_fingerprint_from_gguf(kvl_model_gguf(d->models[k].m), &fp[k], err, errlen);
   char why[300] = "no two models loaded";
-  for (int a = 0; a < d->n_models && t->src < 0; a++)
-    for (int b = 0; b < d->n_models && t->src < 0; b++)
-      if (a != b && kvld_model_live(d, a) && kvld_model_live(d, b)) {
+  /* the first pair it fits that has no translator yet, else the first pair it fits (the
+   * newer one replaces): models of one layout (copies, fine-tunes) get both directions
+   * from one file listed twice */
+  for (int pass = 0; pass < 2 && t->src < 0; pass++)
+    for (int a = 0; a < d->n_models && t->src < 0; a++)
+      for (int b = 0; b < d->n_models && t->src < 0; b++) {
+        if (a == b || !kvld_model_live(d, a) || !kvld_model_live(d, b)) continue;
+        bool taken = false;
+        for (int i = 0; i < d->n_translators; i++) taken |= d->translators[i].src == a && d->translators[i].dst == b;
+        if (pass == 0 && taken) continue;
         if (kvl_translator_check_models(t->t, &fp[a], &fp[b], why, sizeof(why)) == 0) {
           t->src = a;
           t->dst = b;
