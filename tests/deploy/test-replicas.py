@@ -27,6 +27,7 @@ it includes are written here).
 usage: test-replicas.py KVLINGOD TINY_GGUF_TOOL
 Skips (77) only when nginx is not installed.
 """
+import atexit
 import concurrent.futures
 import importlib.util
 import json
@@ -90,6 +91,9 @@ def cleanup():
             p.wait()
 
 
+atexit.register(cleanup)  # also when a step raises: no daemon or nginx outlives the test
+
+
 # ---- three replicas ---------------------------------------------------------------------
 model = os.path.join(tmp, "tiny.gguf")
 subprocess.run([tiny_gguf, model, "2", "7"], check=True)
@@ -151,7 +155,8 @@ pid {prefix}/nginx.pid;
 error_log {prefix}/logs/error.log warn;
 events {{ worker_connections 256; }}
 http {{
-    access_log {prefix}/logs/access.log;
+    log_format kvl '$status "$upstream_addr" "$upstream_status" $http_x_kvlingo_conversation';
+    access_log {prefix}/logs/access.log kvl;
 {temp_dirs}
     include kvlingo.conf;
 }}
@@ -291,6 +296,10 @@ check(all(len(turns[c]) == N_TURNS and all(x["status"] == 200 and x.get("text") 
       f"{N_CONV} x {N_TURNS} turns: every turn answered ({retries_total[0]} client retries, "
       f"{N_CONV * N_TURNS / elapsed:.1f} turns/s)")
 check(all(len(x["attempts"]) <= 2 for c in range(N_CONV) for x in turns[c]), "no turn needed more than one retry")
+# requests nginx itself passed on to the next replica (refused or broken connection)
+resent = [ln.strip() for ln in open(os.path.join(prefix, "logs", "access.log")) if "," in ln.split('"')[1]]
+print(f"     nginx passed {len(resent)} requests on to another replica after {victim['id']} died"
+      + "".join(f"\n       {ln}" for ln in resent[:6]), flush=True)
 
 moved = [c for c in range(N_CONV) if home[c] == victim["id"]]
 stayed = [c for c in range(N_CONV) if home[c] != victim["id"]]
@@ -343,6 +352,7 @@ import grpc  # noqa: E402
 from grpc_tools import protoc  # noqa: E402
 
 gen = os.path.join(tmp, "pyproto")
+os.makedirs(gen)
 proto = os.path.join(ROOT, "proto")
 assert protoc.main(["protoc", f"-I{proto}", f"--python_out={gen}", f"--grpc_python_out={gen}",
                     "kvlingo/v1/kvlingo.proto"]) == 0
