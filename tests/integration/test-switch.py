@@ -71,6 +71,7 @@ def check(cond, what):
 
 
 daemons = []
+grpc_port = {}  # stub id -> its daemon's gRPC port
 
 
 def start(models, translators, extra="", env=None, replica="r1"):
@@ -91,7 +92,9 @@ def start(models, translators, extra="", env=None, replica="r1"):
     parts = dict(p.split("=", 1) for p in line.split()[2:])
     g, h = parts["grpc"].rsplit(":", 1)[1], parts["http"].rsplit(":", 1)[1]
     daemons.append(d)
-    return rpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{g}")), int(h)
+    stub = rpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{g}"))
+    grpc_port[id(stub)] = g
+    return stub, int(h)
 
 
 def metrics(hport):
@@ -217,6 +220,20 @@ check(mval(fam, "kvlingo:handoffs_total", source="small", target="large") == 1 a
       "cascade: /metrics counts the handoff and the decision")
 out, models, last = generate(casc, prompt, "large", 4)
 check(last.routing.policy == "requested" and models == ["large"] * len(models), "a named model is not routed")
+
+# the example router (clients/python/router.py) through the same daemon: per turn the
+# cheapest adequate model; a switch translates what the other model wrote
+router = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python", "router.py")
+turns = ["write a function that adds two numbers", "now make it handle lists",
+         "prove that your function terminates", "thanks, rename it"]
+rr = subprocess.run([sys.executable, router, "-s", f"127.0.0.1:{grpc_port[id(casc)]}", "--small", "small", "--large",
+                     "large", "--max-tokens", "12", "--json", *turns], capture_output=True, text=True, timeout=300)
+rows = [json.loads(line) for line in rr.stdout.splitlines() if line.startswith("{")]
+check(rr.returncode == 0 and len(rows) == 4 and all(r["model"] in ("small", "large") for r in rows) and
+      rows[2]["model"] == "large" and "prove" in rows[2]["why"] and
+      sum(r["usage"]["translated"] for r in rows) > 0,
+      "router.py: 4 turns answered, the hard one by large, switches translated "
+      f"({[(r['model'], r['usage']['translated']) for r in rows]}){rr.stderr[-300:]}")
 
 off, ho = start(two, tr_two, "router:\n  policy: prefill-offload\n  prefill_offload: {min_prompt_tokens: 16}\n")
 out, models, last = generate(off, prompt, "auto", 5)

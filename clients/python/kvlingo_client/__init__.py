@@ -23,7 +23,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 import grpc
 
-__all__ = ["Client", "Chunk", "Completion", "Usage", "KvlingoError"]
+__all__ = ["Client", "Chunk", "Completion", "Usage", "Routing", "KvlingoError"]
 
 
 def _proto_dir() -> str:
@@ -79,6 +79,23 @@ class Usage:
     generated_tokens: int = 0
     time_to_first_token_s: float = 0.0
     total_s: float = 0.0
+    untranslatable_tokens: int = 0
+    declined_tokens: int = 0
+    handoffs: int = 0
+
+
+@dataclasses.dataclass
+class Routing:
+    """Why the server chose the model: policy, decision, a sentence of reason; for a
+    cascade handoff, the model that answered first and the first token from the new one."""
+    policy: str = ""
+    decision: str = ""
+    reason: str = ""
+    from_model: str = ""
+    handoff_token: int = -1
+
+
+_OUTCOME = {0: None, 1: "not_needed", 2: "applied", 3: "fallback_reprefill", 4: "unsupported"}
 
 
 @dataclasses.dataclass
@@ -88,6 +105,10 @@ class Chunk:
     token_ids: list
     finish_reason: Optional[str] = None
     usage: Optional[Usage] = None
+    logprobs: Optional[list] = None
+    translation: Optional[str] = None    # last chunk: applied, fallback_reprefill, unsupported, not_needed
+    routing: Optional[Routing] = None    # last chunk
+    replica: str = ""                    # last chunk
 
 
 @dataclasses.dataclass
@@ -97,12 +118,24 @@ class Completion:
     token_ids: list
     finish_reason: Optional[str]
     usage: Usage
+    logprobs: Optional[list] = None
+    translation: Optional[str] = None
+    routing: Optional[Routing] = None
+    replica: str = ""
 
 
 def _usage(m) -> Usage:
     u, t = m.usage, m.timings
     return Usage(u.prompt_tokens, u.cached_native_tokens, u.cached_translated_tokens, u.translated_tokens,
-                 u.prefilled_tokens, u.generated_tokens, t.time_to_first_token_seconds, t.total_seconds)
+                 u.prefilled_tokens, u.generated_tokens, t.time_to_first_token_seconds, t.total_seconds,
+                 u.untranslatable_tokens, u.declined_tokens, u.handoffs)
+
+
+def _routing(m) -> Optional[Routing]:
+    if not m.HasField("routing"):
+        return None
+    r = m.routing
+    return Routing(r.policy, r.decision, r.reason, r.from_model, r.handoff_token)
 
 
 Messages = Sequence[dict]
@@ -129,7 +162,7 @@ class Client:
 
     def _request(self, prompt: Union[str, Sequence[int], Messages], model: str, max_tokens: int,
                  temperature: Optional[float], top_p: Optional[float], top_k: Optional[int], seed: Optional[int],
-                 stop: Sequence[str], conversation_id: str):
+                 stop: Sequence[str], conversation_id: str, logprobs: bool = False):
         sp = pb.SamplingParams()
         if temperature is not None:
             sp.temperature = temperature
@@ -140,7 +173,7 @@ class Client:
         if seed is not None:
             sp.seed = seed
         req = pb.GenerateRequest(model=model, max_tokens=max_tokens, sampling=sp, stop=list(stop),
-                                 conversation_id=conversation_id)
+                                 conversation_id=conversation_id, logprobs=1 if logprobs else 0)
         if isinstance(prompt, str):
             req.text = prompt
         elif prompt and isinstance(prompt[0], dict):
@@ -151,14 +184,20 @@ class Client:
 
     def generate(self, prompt: Union[str, Sequence[int], Messages], *, model: str = "auto", max_tokens: int = 0,
                  temperature: Optional[float] = None, top_p: Optional[float] = None, top_k: Optional[int] = None,
-                 seed: Optional[int] = None, stop: Sequence[str] = (), conversation_id: str = "") -> Iterator[Chunk]:
+                 seed: Optional[int] = None, stop: Sequence[str] = (), conversation_id: str = "",
+                 logprobs: bool = False) -> Iterator[Chunk]:
         """Stream a generation: text, token ids or chat messages in; Chunks out, the last
-        with finish_reason and usage."""
-        req = self._request(prompt, model, max_tokens, temperature, top_p, top_k, seed, stop, conversation_id)
+        with finish_reason, usage, translation outcome and routing. A conversation_id keeps
+        the conversation's KV in every model the server switches it through."""
+        req = self._request(prompt, model, max_tokens, temperature, top_p, top_k, seed, stop, conversation_id,
+                            logprobs)
         try:
             for m in self._inf.Generate(req, metadata=self._md, timeout=self._timeout):
                 fin = _FINISH.get(m.finish_reason)
-                yield Chunk(m.text, m.model, list(m.token_ids), fin, _usage(m) if m.HasField("usage") else None)
+                last = m.HasField("usage")
+                yield Chunk(m.text, m.model, list(m.token_ids), fin, _usage(m) if last else None,
+                            list(m.logprobs) if logprobs else None, _OUTCOME.get(m.translation) if last else None,
+                            _routing(m), m.replica)
         except grpc.RpcError as e:
             raise KvlingoError(e.code().name, e.details()) from None
 
@@ -166,7 +205,7 @@ class Client:
         """The whole generation at once (the unary Complete call)."""
         req = self._request(prompt, kw.pop("model", "auto"), kw.pop("max_tokens", 0), kw.pop("temperature", None),
                             kw.pop("top_p", None), kw.pop("top_k", None), kw.pop("seed", None), kw.pop("stop", ()),
-                            kw.pop("conversation_id", ""))
+                            kw.pop("conversation_id", ""), kw.pop("logprobs", False))
         if kw:
             raise TypeError(f"unknown arguments {sorted(kw)}")
         try:
@@ -174,7 +213,9 @@ class Client:
         except grpc.RpcError as e:
             raise KvlingoError(e.code().name, e.details()) from None
         ch = r.choices[0]
-        return Completion(ch.text, r.model, list(ch.token_ids), _FINISH.get(ch.finish_reason), _usage(r))
+        return Completion(ch.text, r.model, list(ch.token_ids), _FINISH.get(ch.finish_reason), _usage(r),
+                          list(ch.logprobs) if req.logprobs else None, _OUTCOME.get(r.translation), _routing(r),
+                          r.replica)
 
     def chat(self, messages: Messages, **kw) -> Completion:
         return self.complete(list(messages), **kw)
