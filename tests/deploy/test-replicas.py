@@ -7,7 +7,8 @@ prefix, running deploy/nginx/kvlingo.conf unchanged (only the backend and listen
 it includes are written here).
 
   - 30 conversations x 5 turns through nginx's HTTP port (OpenAI /v1/chat/completions,
-    the client resending the history, header x-kvlingo-conversation): every
+    the client resending the history, header x-kvlingo-conversation; half of them
+    streamed as server-sent events): every
     conversation stays on one replica (the x-kvlingo-replica answer header), and the
     conversations spread over the three
   - during turn 3 the replica holding the most conversations is killed (SIGKILL):
@@ -186,6 +187,35 @@ def post(path, body, headers, port=HTTP_PORT, timeout=60):
         return 0, {}, str(e)
 
 
+def post_stream(path, body, headers, port=HTTP_PORT, timeout=60):
+    """A streamed (SSE) chat completion: (status, headers, {"choices": [message], "usage"}
+    rebuilt from the chunks) — status 0 when the stream broke before `data: [DONE]`."""
+    body = dict(body, stream=True, stream_options={"include_usage": True})
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **headers}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            hdrs, text, usage, done = dict(r.headers.items()), "", None, False
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    break
+                chunk = json.loads(line[6:])
+                for ch in chunk.get("choices") or []:
+                    text += (ch.get("delta") or {}).get("content") or ""
+                usage = chunk.get("usage") or usage
+        if not done:
+            return 0, hdrs, "stream ended before [DONE]"
+        return 200, hdrs, {"choices": [{"message": {"content": text}}], "usage": usage}
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers.items()), None
+    except (urllib.error.URLError, ConnectionError, socket.timeout, OSError, ValueError) as e:
+        return 0, {}, str(e)
+
+
 def metrics(addr):
     with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as r:
         text = r.read().decode()
@@ -231,8 +261,10 @@ def one_turn(c, t):
     body = {"model": MODEL, "messages": msgs, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
     hdr = {"x-kvlingo-conversation": f"conv-{c:02d}"}
     attempts = []
+    # odd conversations stream (server-sent events through nginx), even ones do not
+    send = post_stream if c % 2 else post
     for attempt in range(2):  # one client retry allowed
-        status, h, js = post("/v1/chat/completions", body, hdr)
+        status, h, js = send("/v1/chat/completions", body, hdr)
         attempts.append(status)
         if status == 200 and js and js.get("choices"):
             break
@@ -363,13 +395,15 @@ before = {r["id"]: metrics(r["http"]) for r in survivors}
 N_GRPC = 8
 with grpc.insecure_channel(f"127.0.0.1:{GRPC_PORT}") as ch:
     inf = rpc.InferenceStub(ch)
-    ok_calls = 0
+    ok_calls, grpc_homes = 0, {}
     for c in range(N_GRPC):
         for t in range(2):
             req = pb.GenerateRequest(text=f"# grpc conversation {c} turn {t}\ndef f{c}(x):", model=MODEL, max_tokens=4,
                                      ignore_eos=True, sampling=pb.SamplingParams(temperature=0))
             chunks = list(inf.Generate(req, metadata=[("x-kvlingo-conversation", f"grpc-{c}")], timeout=30))
             ok_calls += bool(chunks) and chunks[-1].usage.generated_tokens == 4
+            if chunks:
+                grpc_homes.setdefault(c, set()).add(chunks[-1].replica)
 after = {r["id"]: metrics(r["http"]) for r in survivors}
 d_started = sum(after[k]["kvlingo:conversations_started_total"] - before[k]["kvlingo:conversations_started_total"]
                 for k in after)
@@ -378,6 +412,9 @@ d_turns = sum(after[k]["kvlingo:conversation_turns_total"] - before[k]["kvlingo:
 check(ok_calls == 2 * N_GRPC and d_started == N_GRPC and d_turns == 2 * N_GRPC,
       f"gRPC via nginx (HTTP/2): {ok_calls} streams; {N_GRPC} conversations started {d_started} times "
       f"in all, {d_turns} turns (each conversation on one replica)")
+check(len(grpc_homes) == N_GRPC and all(len(h) == 1 and h <= {r["id"] for r in survivors} for h in grpc_homes.values()),
+      f"gRPC: both turns of each conversation report the same replica (GenerateResponse.replica): "
+      f"{ {c: sorted(h) for c, h in grpc_homes.items()} }")
 
 # ---- no header: spread; affinity header: sticky ------------------------------------------
 spec = importlib.util.spec_from_file_location("kvl_affinity",
