@@ -135,6 +135,7 @@ struct kvld_model {
   char name[64], path[1024];
   kvl_model_t *m;
   kvl_tokenizer_t *tk;
+  char tok_hash[132];         /* its tokenizer's identity (the translator fingerprint's) */
   kvl_template_t *tmpl;       /* NULL when the model has no chat template */
   int sched_id;               /* the scheduler's model index */
   int32_t max_model_len;
@@ -163,7 +164,7 @@ struct kvld_http;
 struct kvld_route {
   char policy[24];     /* requested | fixed | cascade | prefill-offload | pinned */
   char decision[24];   /* the model's role: requested, default, small, large, prefill-offload, pinned, escalated */
-  char reason[200];
+  char reason[320];
   int from_model;      /* escalated: the model it left (daemon index), else -1 */
   int handoff_token;   /* escalated: index of the first token from the new model, else -1 */
 };
@@ -179,6 +180,10 @@ struct kvld_conv {
   double last_used;
   int pinned;          /* daemon model index the pinned policy keeps it on, -1 */
   uint32_t turns;
+  int32_t *last;       /* the previous request's sequence as the model saw it: prompt ++
+                          every sampled id (what its kept line holds) */
+  int32_t n_last, n_last_prompt;
+  char last_tok[132];  /* ... in the ids of the tokenizer with this hash */
   struct kvld_conv *next;
 };
 
@@ -232,6 +237,11 @@ void kvld_conv_stop(struct kvld *d);
  * conversation). */
 struct kvld_gen_params;
 void kvld_route(struct kvld *d, struct kvld_gen_params *p, struct kvl_request *q);
+/* A request of conversation `id` finished: remember its prompt and sampled ids, so that
+ * the next turn's re-tokenised copy of this answer is replaced by the ids actually
+ * generated (kvld_route does it) and the kept line is reused whole. */
+void kvld_conv_remember(struct kvld *d, const char *id, const struct kvld_model *tokenized_by, const int32_t *prompt,
+                        int32_t n_prompt, const int32_t *gen, int32_t n_gen);
 /* The model that "auto" tokenizes with. */
 int kvld_auto_model(const struct kvld *d);
 void kvld_route_count(struct kvld *d, const char *policy, const char *decision);
@@ -330,6 +340,8 @@ struct kvld_req {
   double t_arrival, t_first, t_last, queue_s;
   int generated;
   int cur_model;              /* the model producing tokens now (daemon index) */
+  int32_t *sampled;           /* every sampled id, stop tokens included (conversations only) */
+  int n_sampled, cap_sampled;
   float *ent;                 /* cascade: the last window's entropies (ring), for the reason */
   int n_ent, w_ent;
 };

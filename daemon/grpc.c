@@ -445,7 +445,7 @@ static enum kvld_status gen_from_pb(struct kvld *d, const Kvlingo__V1__GenerateR
   if (!cid && md_value(md, "x-kvlingo-conversation", from_md, sizeof(from_md)) && from_md[0]) cid = from_md;
   if (cid) {
     if (kvld_conv_check_id(cid, msg, msglen) != KVLD_OK) return KVLD_INVALID_ARGUMENT;
-    snprintf(p->conversation, sizeof(p->conversation), "%s", cid);
+    snprintf(p->conversation, sizeof(p->conversation), "%.127s", cid);
   }
   enum kvld_status st;
   json_t *chat = NULL;

@@ -374,7 +374,7 @@ static enum kvld_status openai_start(struct hconn *c, char *msg, size_t msglen) 
       json_decref(j);
       return st;
     }
-    snprintf(conv, sizeof(conv), "%s", cid);
+    snprintf(conv, sizeof(conv), "%.127s", cid);
   }
   if (c->route == R_CHAT) {
     json_t *msgs = json_object_get(j, "messages");

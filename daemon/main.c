@@ -76,6 +76,10 @@ int kvld_model_open(struct kvld_model *m, const struct kvld_model_cfg *mc, char 
   if (kvl_gguf_get_str(kvl_model_gguf(m->m), "tokenizer.chat_template", &tsrc) == 0 &&
       kvl_template_parse(tsrc, &m->tmpl, terr, sizeof(terr)) < 0)
     m->tmpl = NULL; /* chat input will be refused for this model */
+  struct kvl_model_fingerprint fp;
+  char ferr[256];
+  if (kvl_fingerprint_from_gguf(kvl_model_gguf(m->m), &fp, ferr, sizeof(ferr)) == 0)
+    snprintf(m->tok_hash, sizeof(m->tok_hash), "%s", fp.tokenizer_hash);
   const struct kvl_model_hparams *hp = kvl_model_hparams(m->m);
   m->max_model_len = mc->max_model_len < hp->n_ctx_train ? mc->max_model_len : hp->n_ctx_train;
   m->n_eog = 0; /* once here, not per request: a scan of the vocabulary */

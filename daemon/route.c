@@ -99,6 +99,76 @@ struct kvld_conv *kvld_conv_touch(struct kvld *d, const char *id) {
   return c;
 }
 
+static struct kvld_conv *conv_find(struct kvld *d, const char *id) {
+  uint64_t key = conv_key(id);
+  for (struct kvld_conv *c = d->convs[key % KVLD_CONV_BUCKETS]; c; c = c->next)
+    if (c->key == key && !strcmp(c->id, id)) return c;
+  return NULL;
+}
+
+static void conv_free(struct kvld_conv *c) {
+  free(c->last);
+  free(c);
+}
+
+void kvld_conv_remember(struct kvld *d, const char *id, const struct kvld_model *tokenized_by, const int32_t *prompt,
+                        int32_t n_prompt, const int32_t *gen, int32_t n_gen) {
+  struct kvld_conv *c = conv_find(d, id);
+  if (!c) return;
+  int32_t *s = realloc(c->last, ((size_t)n_prompt + (size_t)n_gen) * sizeof(int32_t));
+  if (!s) return;
+  memcpy(s, prompt, (size_t)n_prompt * sizeof(int32_t));
+  if (n_gen) memcpy(s + n_prompt, gen, (size_t)n_gen * sizeof(int32_t));
+  c->last = s;
+  c->n_last = n_prompt + n_gen;
+  c->n_last_prompt = n_prompt;
+  snprintf(c->last_tok, sizeof(c->last_tok), "%s", tokenized_by->tok_hash);
+}
+
+/* The client resent the conversation with the last answer as text, which the tokenizer
+ * may split differently from the ids the model generated. When the new prompt starts
+ * with the previous prompt and continues with exactly the bytes of the previous answer,
+ * put the generated ids back in place of the re-tokenised ones: the kept line then
+ * matches to its end. Returns true when the prompt was changed. */
+static bool canonicalize(const struct kvld_conv *c, const struct kvld_model *m, int32_t **ids, int32_t *n) {
+  const kvl_tokenizer_t *tk = m->tk;
+  int32_t a = c->n_last_prompt, b = c->n_last, *P = *ids;
+  if (!c->last || !m->tok_hash[0] || strcmp(c->last_tok, m->tok_hash) || b <= a || *n < a || memcmp(P, c->last, (size_t)a * sizeof(int32_t))) return false;
+  size_t want = 0;
+  for (int32_t i = a; i < b; i++) {
+    size_t len;
+    kvl_tokenizer_token_bytes(tk, c->last[i], &len);
+    want += len;
+  }
+  size_t got = 0;
+  int32_t j = a, k = a; /* k walks the answer's ids beside P's bytes */
+  size_t koff = 0;
+  while (got < want && j < *n) {
+    size_t len;
+    const char *pb = kvl_tokenizer_token_bytes(tk, P[j], &len);
+    if (!pb || got + len > want) return false;
+    for (size_t x = 0; x < len; x++) { /* compare byte by byte against the answer's bytes */
+      size_t ql;
+      const char *qb = kvl_tokenizer_token_bytes(tk, c->last[k], &ql);
+      if (!qb || qb[koff] != pb[x]) return false;
+      if (++koff == ql) { k++; koff = 0; }
+    }
+    got += len;
+    j++;
+  }
+  if (got != want) return false;
+  if (j - a == b - a && !memcmp(P + a, c->last + a, (size_t)(b - a) * sizeof(int32_t))) return false; /* same ids */
+  int32_t total = b + (*n - j);
+  int32_t *q = malloc((size_t)total * sizeof(int32_t));
+  if (!q) return false;
+  memcpy(q, c->last, (size_t)b * sizeof(int32_t));
+  memcpy(q + b, P + j, (size_t)(*n - j) * sizeof(int32_t));
+  free(P);
+  *ids = q;
+  *n = total;
+  return true;
+}
+
 static int drop_in_engine(kvl_sched_t *s, void *arg) {
   (void)kvl_sched_conversations_expire(s, *(double *)arg);
   return 0;
@@ -117,7 +187,7 @@ static void on_conv_tick(uv_timer_t *t) {
       struct kvld_conv *c = *pp;
       if (now - c->last_used > ttl) {
         *pp = c->next;
-        free(c);
+        conv_free(c);
         d->conv_active--;
         d->conv_expired++;
       } else {
@@ -147,7 +217,7 @@ static void conv_closed(uv_handle_t *h) {
     while (d->convs[b]) {
       struct kvld_conv *c = d->convs[b];
       d->convs[b] = c->next;
-      free(c);
+      conv_free(c);
     }
   d->conv_active = 0;
 }
@@ -181,7 +251,15 @@ static void set(struct kvld_route *r, const char *policy, const char *decision) 
 void kvld_route(struct kvld *d, struct kvld_gen_params *p, struct kvl_request *q) {
   struct kvld_route *r = &p->route;
   struct kvld_conv *c = p->conversation[0] ? kvld_conv_touch(d, p->conversation) : NULL;
-  if (c) q->conversation = c->key;
+  if (c) {
+    q->conversation = c->key;
+    if (canonicalize(c, &d->models[p->model], &p->prompt, &p->n_prompt)) {
+      q->prompt = p->prompt;
+      q->n_prompt = p->n_prompt;
+      kvld_log(KVLD_DEBUG, "conversation_ids_restored", "\"conversation\":\"%s\",\"prompt_tokens\":%d", c->id,
+               (int)p->n_prompt);
+    }
+  }
   int model = p->model;
   const char *policy = d->cfg.router.policy;
   int small = find_live(d, d->cfg.router.small), large = find_live(d, d->cfg.router.large);

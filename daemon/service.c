@@ -223,7 +223,7 @@ static void note_model(struct kvld_req *r, const struct kvl_token_event *tok) {
   for (int i = 0; i < n; i++) mean += r->ent[(r->n_ent - 2 - i + r->w_ent * 2) % r->w_ent];
   if (n > 0) mean /= n;
   snprintf(rt->decision, sizeof(rt->decision), "escalated");
-  snprintf(rt->reason, sizeof(rt->reason), "%s handed over to %s at token %d: mean entropy %.3f nats over the last %d tokens",
+  snprintf(rt->reason, sizeof(rt->reason), "%s handed over to %s at token %d: mean entropy %.3g nats over the last %d tokens",
            d->models[r->cur_model].name, d->models[to].name, r->generated, mean, n);
   d->handoffs[r->cur_model][to]++;
   kvld_route_count(d, rt->policy, "escalated");
@@ -237,6 +237,14 @@ static void on_event(void *ud, const struct kvl_engine_event *ev) {
   struct kvld_model *m = &r->d->models[r->p.model];
   double now = kvld_now();
   if (ev->tok.token >= 0) note_model(r, &ev->tok);
+  if (ev->tok.token >= 0 && r->p.conversation[0]) { /* what the kept line holds */
+    if (r->n_sampled == r->cap_sampled) {
+      int cap = r->cap_sampled ? r->cap_sampled * 2 : 64;
+      int32_t *g = realloc(r->sampled, (size_t)cap * sizeof(int32_t));
+      if (g) { r->sampled = g; r->cap_sampled = cap; }
+    }
+    if (r->n_sampled < r->cap_sampled) r->sampled[r->n_sampled++] = ev->tok.token;
+  }
   if (ev->tok.token >= 0 && !r->stop_hit) {
     if (r->generated == 0) {
       r->t_first = now;
@@ -290,6 +298,8 @@ static void on_event(void *ud, const struct kvl_engine_event *ev) {
     }
     r->usage.generated = r->generated;
     r->done = true;
+    if (r->p.conversation[0] && r->finish != KVLD_FIN_ERROR)
+      kvld_conv_remember(r->d, r->p.conversation, m, r->p.prompt, r->p.n_prompt, r->sampled, r->n_sampled);
     finish_metrics(r);
   }
   r->sink(r, r->sink_ud);
@@ -374,6 +384,7 @@ void kvld_req_release(struct kvld_req *r) {
   kvl_detok_free(r->detok);
   kvld_gen_params_free(&r->p);
   free(r->ent);
+  free(r->sampled);
   free(r->text);
   free(r->ids);
   free(r->lps);

@@ -199,6 +199,32 @@ check(bad2 == 0 and seq_alt == seq_one,
       f"identity translators between two copies of one model: the alternating conversation equals the single-model "
       f"one token for token ({len(seq_one)} tokens)")
 
+# ---- a chat conversation resent as text: the kept line is reused whole ---------------------
+if mode == "real":
+    msgs = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+    lines = {}  # model -> positions its kept line holds
+    ok = True
+    for t, (model, ask) in enumerate([("a", None), ("b", "Now make it reverse the words instead."),
+                                       ("a", "Add a docstring.")]):
+        if ask:
+            msgs.append({"role": "user", "content": ask})
+        req = urllib.request.Request(f"http://127.0.0.1:{hport}/v1/chat/completions", method="POST",
+                                     data=json.dumps({"model": model, "messages": msgs, "max_tokens": 40,
+                                                      "temperature": 0}).encode(),
+                                     headers={"Content-Type": "application/json", "x-kvlingo-conversation": "chat-1"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            body = json.loads(r.read())
+        u, k = body["usage"], body["kvlingo"]["usage"]
+        if model in lines:  # everything this model computed before is reused whole
+            ok &= u["prompt_tokens_details"]["cached_tokens"] == lines[model]
+        print(f"   turn {t} on {model}: prompt {u['prompt_tokens']}, cached {u['prompt_tokens_details']['cached_tokens']}, "
+              f"translated {k['translated_tokens']}, prefilled {k['prefilled_tokens']}")
+        ok &= t == 0 or k["translated_tokens"] > 0
+        lines[model] = u["prompt_tokens"] + u["completion_tokens"] - 1  # the last sampled token has no KV
+        msgs.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
+    check(ok, "chat resent as text with a conversation id: each turn reuses its model's line and translates the "
+              "other model's answer")
+
 # ---- the router ---------------------------------------------------------------------------
 two = [("small", A), ("large", B if mode == "real" else A)]
 tr_two = [AB, BA] if mode == "real" else [AA, AA]
