@@ -2,7 +2,7 @@
  * other model, by translating its KV cache (the KV-Lingo switch) versus re-prefilling the
  * whole conversation in the incoming model (test "switch-ttft", value = speed-up ×).
  *
- *   bench-switch [--small S.gguf --large L.gguf] [--maps DIR] [-c 512,1024,2048,4096]
+ *   bench-switch [--small S.gguf --large L.gguf] [--maps DIR] [-c 64,512,2048,8192]
  *                [-r RUNS] [--turn N] [--out DIR]
  *
  * For each context length C and direction S -> T: the source model prefills a C-token
@@ -67,7 +67,7 @@ static const char *short_name(const char *path) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: bench-switch [--small S.gguf --large L.gguf] [--maps DIR] [-c 512,1024,2048,4096]\n"
+  fprintf(f, "usage: bench-switch [--small S.gguf --large L.gguf] [--maps DIR] [-c 64,512,2048,8192]\n"
              "                    [-r RUNS] [--turn N] [--out DIR]\n"
              "Time to first token after a model switch: translated KV cache vs full re-prefill.\n");
 }
@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
   snprintf(paths[0], sizeof(paths[0]), "%s/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", dir);
   snprintf(paths[1], sizeof(paths[1]), "%s/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", dir);
   snprintf(maps, sizeof(maps), "%s/translator/maps", KVL_BENCH_SOURCE_ROOT);
-  int ctx[16] = {512, 1024, 2048, 4096}, n_ctx = 4, runs = 3, turn = 16;
+  int ctx[16] = {64, 512, 2048, 8192}, n_ctx = 4, runs = 5, turn = 32;
   const char *out = "bench/results";
   static const struct option opts[] = {{"small", required_argument, 0, 'S'}, {"large", required_argument, 0, 'L'},
                                        {"maps", required_argument, 0, 'M'}, {"turn", required_argument, 0, 'T'},
@@ -135,7 +135,7 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  kvl_bench_report_t *rep = kvl_bench_report_new("switch", argc, argv);
+  kvl_bench_report_t *rep = kvl_bench_report_new("switch-sched", argc, argv);
   int32_t *ids = malloc(((size_t)max_ctx + (size_t)turn) * sizeof(int32_t));
   unsigned long long seed = 777;
   uint64_t conv = 1;

@@ -23,7 +23,9 @@
 
 struct kvld;
 
+#ifndef KVLD_VERSION /* meson passes the project's version */
 #define KVLD_VERSION "0.2.0"
+#endif
 #define KVLD_MAX_MODELS 8
 #define KVLD_MAX_TRANSLATORS 16
 
@@ -307,6 +309,7 @@ struct kvld_gen_params {
   char request_id[128];
   char conversation[128];          /* "" = none */
   bool is_auto;                    /* the client asked for "auto" (or no model) */
+  bool reprefill;                  /* no translation, native cache only */
   struct kvld_route route;         /* filled by kvld_route */
 };
 

@@ -494,6 +494,7 @@ static enum kvld_status gen_from_pb(struct kvld *d, const Kvlingo__V1__GenerateR
   p->logprobs = q->logprobs > 0;
   p->sampling.logprobs = p->logprobs;
   p->ignore_eos = q->ignore_eos;
+  p->reprefill = q->reprefill;
   snprintf(p->request_id, sizeof(p->request_id), "%s", q->request_id ? q->request_id : "");
   if ((st = kvld_check_sampling(d, p, msg, msglen)) != KVLD_OK) return st;
   return kvld_set_stops(d, p, q->stop_token_ids, q->n_stop_token_ids, (const char *const *)q->stop, q->n_stop, msg,

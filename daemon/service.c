@@ -334,6 +334,10 @@ enum kvld_status kvld_req_start(struct kvld *d, struct kvld_gen_params *p, kvld_
                           .stop_ids = r->p.stop_ids, .n_stop_ids = r->p.n_stop_ids, .reuse = KVL_REUSE_ANY};
   q.sampling.bias = r->p.bias;
   kvld_route(d, &r->p, &q);
+  if (r->p.reprefill) {
+    q.no_translate = true;
+    q.reuse = KVL_REUSE_NATIVE_ONLY;
+  }
   struct kvld_model *m = &d->models[r->p.model];
   r->cur_model = r->p.model; /* prefill_on: the first token already comes from it */
   if (q.cascade.on && (r->ent = calloc((size_t)q.cascade.window, sizeof(float)))) r->w_ent = q.cascade.window;

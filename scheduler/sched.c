@@ -598,7 +598,11 @@ static int admit(kvl_sched_t *s, struct model *m, struct req *r) {
     }
     c->line[mi] = NULL;
     c->last_used = now_ms();
-    kvl_line_truncate(l, common_prefix(l, r->seq, r->len - 1));
+    int32_t keep = common_prefix(l, r->seq, r->len - 1);
+    if (r->reuse == KVL_REUSE_NATIVE_ONLY) /* the request wants native positions only */
+      for (int32_t p = 0; p < keep; p++)
+        if (!native_at(l, p)) { keep = p; break; }
+    kvl_line_truncate(l, keep);
     for (int32_t p = 0; p < kvl_line_len(l); p++) {
       if (native_at(l, p)) cached_native++;
       else cached_translated++;
