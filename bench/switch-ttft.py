@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""switch-ttft.py — the headline benchmark, measured at a gRPC client: time to first token
+when a conversation moves to the other model, by translating its KV cache versus
+re-prefilling everything (test "switch-ttft", value = reprefill_ms / translated_ms).
+
+    .venv/bin/python bench/switch-ttft.py [--kvlingod build/daemon/kvlingod]
+        [-c 64,512,2048,8192] [-r 5] [--turn 32] [--out bench/results]
+
+It starts its own kvlingod (the real pair, the committed translators, port 0). For each
+history length C and direction S -> T, per run:
+  the history: C tokens written by S (a request to S with a conversation id, token ids
+      in, one token out; not timed) — so S holds them natively;
+  translated: the same conversation + a new 32-token user turn, sent to T: T translates
+      the C positions from S's line, prefills the turn and decodes its first token;
+  reprefill:  a fresh history of the same length + the turn, sent to T with
+      `reprefill` set: everything computed natively by T (nothing cached).
+TTFT = from sending the request to the first streamed token, at the client. Medians over
+the runs; every run uses fresh tokens, so no prefix cache helps either side. Writes
+bench/results/switch-ttft.json (+ .md, .png) in shared/BENCH-FORMAT.md's format.
+"""
+import argparse
+import datetime
+import json
+import os
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+
+
+def machine():
+    cpu, flags = "unknown", []
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name") and cpu == "unknown":
+                cpu = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and not flags:
+                want = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile", "fma")
+                flags = [f for f in line.split(":", 1)[1].split() if f in want]
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpu": cpu, "flags": flags, "cores": os.cpu_count(), "mem_gib": round(mem)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kvlingod", default=os.path.join(ROOT, "build", "daemon", "kvlingod"))
+    ap.add_argument("-c", "--contexts", default="64,512,2048,8192")
+    ap.add_argument("-r", "--runs", type=int, default=5)
+    ap.add_argument("--turn", type=int, default=32)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--directions", default="small-to-large,large-to-small")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the results already in the output file for other history lengths")
+    a = ap.parse_args()
+    contexts = [int(x) for x in a.contexts.split(",")]
+    small, large = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
+    need = max(contexts) + a.turn + 64
+    tmp = tempfile.mkdtemp(prefix="kvl-bench-switch-")
+    cfg = os.path.join(tmp, "kvlingod.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"listen: 127.0.0.1\ngrpc_port: 0\nhttp_port: -1\nlog_level: warn\nspill_dir: {tmp}\n"
+                f"max_prompt_tokens: {need}\nmax_concurrent: 4\n"
+                f"quality_gate: {{shadow_fraction: 0}}\n"  # no background shadows while timing
+                "models:\n"
+                f"  - {{name: {small}, path: {small}, hot_mib: 2048, cold_mib: 512, max_model_len: {need + 64}}}\n"
+                f"  - {{name: {large}, path: {large}, hot_mib: 3072, cold_mib: 512, max_model_len: {need + 64}}}\n"
+                "translators:\n" +
+                "".join(f"  - {ROOT}/translator/maps/{x}-to-{y}.safetensors\n" for x, y in ((small, large), (large, small))))
+    d = subprocess.Popen([a.kvlingod, "--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = d.stdout.readline()
+    if not line.startswith("kvlingod listening"):
+        sys.exit(f"kvlingod did not start: {line}")
+    port = dict(p.split("=", 1) for p in line.split()[2:])["grpc"]
+    from kvlingo_client import pb, rpc  # noqa: E402
+    import grpc  # noqa: E402
+    stub = rpc.InferenceStub(grpc.insecure_channel(port))
+    rng = random.Random(2026)
+
+    def fresh(n):  # ordinary token ids (no specials), fresh every time
+        return [rng.randrange(200, 150000) for _ in range(n)]
+
+    def ttft(model, ids, conv="", reprefill=False):
+        req = pb.GenerateRequest(tokens=pb.TokenIds(ids=ids), model=model, max_tokens=1, ignore_eos=True,
+                                 conversation_id=conv, reprefill=reprefill, sampling=pb.SamplingParams(temperature=0))
+        t0 = time.perf_counter()
+        first, last = None, None
+        for m in stub.Generate(req, timeout=3600):
+            if first is None and m.token_ids:
+                first = time.perf_counter()
+            last = m
+        return (first - t0) * 1e3, last
+
+    dirs = {"small-to-large": (small, large), "large-to-small": (large, small)}
+    results = []
+    for C in contexts:
+        for name in a.directions.split(","):
+            S, T = dirs[name]
+            tr, rp, usage = [], [], None
+            for k in range(a.runs):
+                conv = f"bench-{C}-{name}-{k}-{rng.randrange(1 << 30)}"
+                hist = fresh(C)
+                ttft(S, hist, conv)  # S writes the history natively (not timed)
+                ms, last = ttft(T, hist + fresh(a.turn), conv)
+                tr.append(ms)
+                usage = last.usage
+                ms2, last2 = ttft(T, fresh(C) + fresh(a.turn), reprefill=True)
+                rp.append(ms2)
+                print(f"  {S} -> {T}, {C} tokens: translated {ms:.0f} ms ({usage.translated_tokens} translated, "
+                      f"{usage.prefilled_tokens} prefilled), reprefill {ms2:.0f} ms "
+                      f"({last2.usage.prefilled_tokens} prefilled)", flush=True)
+            ratios = [r / t for r, t in zip(rp, tr)]
+            results.append({"model": T, "test": "switch-ttft", "direction": f"{S}->{T}", "context_tokens": C,
+                            "turn_tokens": a.turn, "reprefill_ms": round(statistics.median(rp), 1),
+                            "translated_ms": round(statistics.median(tr), 1),
+                            "value": round(statistics.median(rp) / statistics.median(tr), 2), "unit": "x",
+                            "runs": a.runs, "sd": round(statistics.stdev(ratios), 2) if len(ratios) > 1 else 0,
+                            "reprefill_sd_ms": round(statistics.stdev(rp), 1) if len(rp) > 1 else 0,
+                            "translated_sd_ms": round(statistics.stdev(tr), 1) if len(tr) > 1 else 0,
+                            "translated_positions": usage.translated_tokens,
+                            "prefilled_positions": usage.prefilled_tokens, "measured_at": "gRPC client"})
+    d.terminate()
+    d.wait(timeout=120)
+    cmd = " ".join(shlex.quote(x) for x in sys.argv)
+    path = os.path.join(a.out, "switch-ttft.json")
+    if a.append and os.path.exists(path):  # an earlier run's other lengths stay, with its command
+        old = json.load(open(path))
+        mine = {(r["direction"], r["context_tokens"]) for r in results}
+        results = sorted([r for r in old["results"] if (r["direction"], r["context_tokens"]) not in mine] + results,
+                         key=lambda r: (r["context_tokens"], r["direction"]))
+        cmd = old["command"] + " ; " + cmd
+    git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rep = {"benchmark": "switch-ttft", "git": git or "unknown",
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": machine(),
+           "command": cmd, "results": results}
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "switch-ttft.json"), "w") as f:
+        json.dump(rep, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(a.out, "switch-ttft.md"), "w") as f:
+        f.write(f"# switch-ttft — {rep['date']} — git {rep['git']}\n\n{rep['machine']['cpu']}, "
+                f"{rep['machine']['cores']} cores; `{rep['command']}`\n\n"
+                "Time to first token after a switch, at the gRPC client: the history was written by the other "
+                f"model, then a {a.turn}-token user turn. Medians of {a.runs} runs.\n\n"
+                "| direction | history tokens | translated ms | re-prefill ms | speed-up |\n|---|---|---|---|---|\n")
+        for r in results:
+            f.write(f"| {r['direction']} | {r['context_tokens']} | {r['translated_ms']:.0f} ± {r['translated_sd_ms']:.0f} "
+                    f"| {r['reprefill_ms']:.0f} ± {r['reprefill_sd_ms']:.0f} | **{r['value']:.1f}×** |\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+        for name in a.directions.split(","):
+            S, T = dirs[name]
+            rs = [r for r in results if r["direction"] == f"{S}->{T}"]
+            xs = [r["context_tokens"] for r in rs]
+            ax[0].plot(xs, [r["reprefill_ms"] for r in rs], "o--", label=f"re-prefill in {T}")
+            ax[0].plot(xs, [r["translated_ms"] for r in rs], "o-", label=f"translate {S}→{T}")
+            ax[1].plot(xs, [r["value"] for r in rs], "o-", label=f"{S}→{T}")
+        for x in ax:
+            x.set_xscale("log", base=2)
+            x.set_xlabel("history tokens (written by the other model)")
+            x.grid(alpha=0.3)
+            x.legend(fontsize=8)
+        ax[0].set_yscale("log")
+        ax[0].set_ylabel("time to first token, ms")
+        ax[1].set_ylabel("speed-up (re-prefill / translated)")
+        fig.suptitle(f"Model switch TTFT at the gRPC client — {rep['machine']['cpu']}", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, "switch-ttft.png"), dpi=110)
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+    print(open(os.path.join(a.out, "switch-ttft.md")).read())
+
+
+if __name__ == "__main__":
+    main()
