@@ -444,3 +444,16 @@ out:
   free(md);
   return rc;
 }
+
+const char *kvl_bench_model_name(const char *path) {
+  if (strstr(path, "0.5b")) return "qwen2.5-coder-0.5b";
+  if (strstr(path, "1.5b")) return "qwen2.5-coder-1.5b";
+  const char *s = strrchr(path, '/');
+  return s ? s + 1 : path;
+}
+
+void kvl_bench_model_path(const char *size, char *buf, size_t len) {
+  const char *dir = getenv("KVLINGO_MODELS"), *home = getenv("HOME");
+  if (dir) snprintf(buf, len, "%s/qwen2.5-coder-%s-instruct-q4_k_m.gguf", dir, size);
+  else snprintf(buf, len, "%s/.cache/kvlingo/models/qwen2.5-coder-%s-instruct-q4_k_m.gguf", home ? home : ".", size);
+}

@@ -58,6 +58,13 @@ char *kvl_bench_command_line(int argc, char **argv);
 /* Create directory `path` and its parents (like mkdir -p). Returns 0 or -errno. */
 int kvl_bench_mkdir_p(const char *path);
 
+/* The real pair's short name as ListModels reports it ("qwen2.5-coder-1.5b") for a file
+ * path; other files: their base name. */
+const char *kvl_bench_model_name(const char *path);
+/* The path of the Qwen2.5-Coder model of that size ("0.5b", "1.5b", q4_k_m) in
+ * $KVLINGO_MODELS (default ~/.cache/kvlingo/models). */
+void kvl_bench_model_path(const char *size, char *buf, size_t len);
+
 typedef struct kvl_bench_report kvl_bench_report_t;
 
 /* A report for benchmark `name` (the file stem); argv is recorded as "command".

@@ -62,13 +62,6 @@ static double pct(double *v, int n, double p) {
   return v[i < 0 ? 0 : i];
 }
 
-static const char *short_name(const char *path) {
-  if (strstr(path, "0.5b")) return "qwen2.5-coder-0.5b";
-  if (strstr(path, "1.5b")) return "qwen2.5-coder-1.5b";
-  const char *s = strrchr(path, '/');
-  return s ? s + 1 : path;
-}
-
 int main(int argc, char **argv) {
   const char *models[4];
   int n_models = 0, n_tokens = 32, step_tokens = 256, conc[8] = {1, 4, 16, 64}, n_conc = 4;
@@ -99,14 +92,10 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  static char defpath[2][8300];
+  static char defpath[4200];
   if (n_models == 0) {
-    const char *dir = getenv("KVLINGO_MODELS");
-    char home[4096];
-    home[0] = 0;
-    if (!dir) { snprintf(home, sizeof(home), "%.4000s/.cache/kvlingo/models", getenv("HOME") ? getenv("HOME") : "."); dir = home; }
-    snprintf(defpath[0], sizeof(defpath[0]), "%s/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", dir);
-    models[n_models++] = defpath[0];
+    kvl_bench_model_path("1.5b", defpath, sizeof(defpath));
+    models[n_models++] = defpath;
   }
   kvl_bench_report_t *rep = kvl_bench_report_new(share ? "gen-throughput-shared" : "gen-throughput", argc, argv);
   for (int mi = 0; mi < n_models; mi++) {
@@ -120,7 +109,7 @@ int main(int argc, char **argv) {
       kvl_sched_new(&(struct kvl_sched_config){.step_tokens = step_tokens, .max_seqs = N > 64 ? N : 64}, &s);
       struct kvl_kv_layout kl = kvl_model_kv_layout(m, kvdt);
       size_t blocks = (size_t)N * ((256 + (size_t)n_tokens) / KVL_KV_BLOCK + 2) + 16;
-      struct kvl_sched_model sm = {short_name(models[mi]), m, kvl_backend_cpu(),
+      struct kvl_sched_model sm = {kvl_bench_model_name(models[mi]), m, kvl_backend_cpu(),
                                    {kl, blocks * kvl_kv_block_bytes(&kl), 0, 0, NULL}, 0};
       int mid;
       if (kvl_sched_add_model(s, &sm, &mid, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
@@ -161,7 +150,7 @@ int main(int argc, char **argv) {
       struct kvl_pool_stats st;
       kvl_pool_stats(kvl_sched_pool(s, mid), &st);
       double tps = gen / secs;
-      json_t *res = kvl_bench_report_add(rep, short_name(models[mi]), "gen-throughput", tps, "tokens/s", 1, 0);
+      json_t *res = kvl_bench_report_add(rep, kvl_bench_model_name(models[mi]), "gen-throughput", tps, "tokens/s", 1, 0);
       json_object_set_new(res, "concurrency", json_integer(N));
       json_object_set_new(res, "ttft_p50_ms", json_real(pct(ttft, N, 50)));
       json_object_set_new(res, "ttft_p99_ms", json_real(pct(ttft, N, 99)));
@@ -173,7 +162,7 @@ int main(int argc, char **argv) {
       json_object_set_new(res, "prefix_hit_rate", json_real(run.prompt ? (double)run.cached / (double)run.prompt : 0));
       json_object_set_new(res, "kv", json_string(kvdt == KVL_KV_BF16 ? "bf16" : "f32"));
       fprintf(stderr, "%s c=%d: %.1f tokens/s, ttft p50 %.0f ms, itl p50 %.0f ms (%d prompt tokens, %.0f%% from the cache, %.1f s)\n",
-              short_name(models[mi]), N, tps, pct(ttft, N, 50), pct(itl, n_itl, 50), total_prompt,
+              kvl_bench_model_name(models[mi]), N, tps, pct(ttft, N, 50), pct(itl, n_itl, 50), total_prompt,
               run.prompt ? 100.0 * (double)run.cached / (double)run.prompt : 0.0, secs);
       for (int i = 0; i < N; i++) { free(prompts[i]); free(run.s[i].itl); }
       free(prompts); free(run.s); free(ttft); free(itl);

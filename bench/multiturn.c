@@ -112,23 +112,10 @@ static int translate(struct side *from_side, struct side *to_side, kvl_line_t *d
   return rc;
 }
 
-static const char *short_name(const char *path) {
-  if (strstr(path, "0.5b")) return "qwen2.5-coder-0.5b";
-  if (strstr(path, "1.5b")) return "qwen2.5-coder-1.5b";
-  const char *s = strrchr(path, '/');
-  return s ? s + 1 : path;
-}
-
 int main(int argc, char **argv) {
   static char paths[2][4200], maps[4200], split[4200];
-  const char *dir = getenv("KVLINGO_MODELS");
-  char home[4096];
-  if (!dir) {
-    snprintf(home, sizeof(home), "%.4000s/.cache/kvlingo/models", getenv("HOME") ? getenv("HOME") : ".");
-    dir = home;
-  }
-  snprintf(paths[0], sizeof(paths[0]), "%s/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", dir);
-  snprintf(paths[1], sizeof(paths[1]), "%s/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", dir);
+  kvl_bench_model_path("0.5b", paths[0], sizeof(paths[0]));
+  kvl_bench_model_path("1.5b", paths[1], sizeof(paths[1]));
   snprintf(maps, sizeof(maps), "%s/translator/maps", KVL_BENCH_SOURCE_ROOT);
   snprintf(split, sizeof(split), "%s/translator/corpus/split.tsv", KVL_BENCH_SOURCE_ROOT);
   int n_conv = 8, tu = 48, tc = 32;
@@ -166,7 +153,7 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; i < 2; i++) {
     char p[8600];
-    snprintf(p, sizeof(p), "%s/%s-to-%s.safetensors", maps, short_name(paths[i]), short_name(paths[1 - i]));
+    snprintf(p, sizeof(p), "%s/%s-to-%s.safetensors", maps, kvl_bench_model_name(paths[i]), kvl_bench_model_name(paths[1 - i]));
     if (kvl_translator_load(p, &tr[i], err, sizeof(err)) < 0) { fprintf(stderr, "bench-multiturn: %s\n", err); return 1; }
     sd[i].to_other = tr[i];
   }
@@ -226,7 +213,7 @@ int main(int argc, char **argv) {
       if (forward(&sd[M], naive, seq, n - 1, end, n - 1, end, &v[2], &k[2]) < 0) return 1;
       for (int mth = 0; mth < METHODS; mth++) nll[((size_t)mth * TURNS + t) * n_smp + si] = v[mth] / k[mth];
       fprintf(stderr, "  conversation %d (%s), turn %d on %s: reprefill %.3f protocol %.3f naive %.3f nats/token\n", si + 1,
-              smp[si].domain, t + 1, short_name(paths[M]), v[0] / k[0], v[1] / k[1], v[2] / k[2]);
+              smp[si].domain, t + 1, kvl_bench_model_name(paths[M]), v[0] / k[0], v[1] / k[1], v[2] / k[2]);
     }
     kvl_line_free(proto[0]);
     kvl_line_free(proto[1]);
@@ -238,7 +225,7 @@ int main(int argc, char **argv) {
       double *x = nll + ((size_t)mth * TURNS + t) * n_smp, d[256];
       struct kvl_bench_stats st;
       kvl_bench_stats_compute(x, n_smp, &st);
-      json_t *r = kvl_bench_report_add(rep, short_name(paths[t % 2]), "multiturn-nll", st.mean, "nats/token", n_smp, st.sd);
+      json_t *r = kvl_bench_report_add(rep, kvl_bench_model_name(paths[t % 2]), "multiturn-nll", st.mean, "nats/token", n_smp, st.sd);
       json_object_set_new(r, "turn", json_integer(t + 1));
       json_object_set_new(r, "method", json_string(METHOD[mth]));
       if (mth > 0) { /* paired difference to the reference, with its standard error */

@@ -59,13 +59,6 @@ static int run(kvl_sched_t *s, int model, const int32_t *ids, int32_t n, uint64_
   return p->done ? 0 : -1;
 }
 
-static const char *short_name(const char *path) {
-  if (strstr(path, "0.5b")) return "qwen2.5-coder-0.5b";
-  if (strstr(path, "1.5b")) return "qwen2.5-coder-1.5b";
-  const char *s = strrchr(path, '/');
-  return s ? s + 1 : path;
-}
-
 static void usage(FILE *f) {
   fprintf(f, "usage: bench-switch [--small S.gguf --large L.gguf] [--maps DIR] [-c 64,512,2048,8192]\n"
              "                    [-r RUNS] [--turn N] [--out DIR]\n"
@@ -74,14 +67,8 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
   static char paths[2][4200], maps[4200];
-  const char *dir = getenv("KVLINGO_MODELS");
-  char home[4096];
-  if (!dir) {
-    snprintf(home, sizeof(home), "%.4000s/.cache/kvlingo/models", getenv("HOME") ? getenv("HOME") : ".");
-    dir = home;
-  }
-  snprintf(paths[0], sizeof(paths[0]), "%s/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", dir);
-  snprintf(paths[1], sizeof(paths[1]), "%s/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", dir);
+  kvl_bench_model_path("0.5b", paths[0], sizeof(paths[0]));
+  kvl_bench_model_path("1.5b", paths[1], sizeof(paths[1]));
   snprintf(maps, sizeof(maps), "%s/translator/maps", KVL_BENCH_SOURCE_ROOT);
   int ctx[16] = {64, 512, 2048, 8192}, n_ctx = 4, runs = 5, turn = 32;
   const char *out = "bench/results";
@@ -121,14 +108,14 @@ int main(int argc, char **argv) {
     struct kvl_kv_layout kl = kvl_model_kv_layout(m[i], KVL_KV_BF16);
     /* room for a few lines of the longest context (kept source, target, prefix cache) */
     size_t blocks = 4 * ((size_t)max_ctx + (size_t)turn + 64) / KVL_KV_BLOCK + 64;
-    struct kvl_sched_model sm = {short_name(paths[i]), m[i], kvl_backend_cpu(),
+    struct kvl_sched_model sm = {kvl_bench_model_name(paths[i]), m[i], kvl_backend_cpu(),
                                  {kl, blocks * kvl_kv_block_bytes(&kl), blocks * kvl_kv_block_bytes(&kl), 0, NULL}, 0};
     if (kvl_sched_add_model(s, &sm, &mid[i], err, sizeof(err)) < 0) { fprintf(stderr, "bench-switch: %s\n", err); return 1; }
   }
   kvl_translator_t *t[2];
   for (int i = 0; i < 2; i++) {
     char p[8600];
-    snprintf(p, sizeof(p), "%s/%s-to-%s.safetensors", maps, short_name(paths[i]), short_name(paths[1 - i]));
+    snprintf(p, sizeof(p), "%s/%s-to-%s.safetensors", maps, kvl_bench_model_name(paths[i]), kvl_bench_model_name(paths[1 - i]));
     if (kvl_translator_load(p, &t[i], err, sizeof(err)) < 0 ||
         kvl_sched_add_translator(s, mid[i], mid[1 - i], t[i], NULL, err, sizeof(err)) < 0) {
       fprintf(stderr, "bench-switch: %s\n", err);
@@ -164,8 +151,8 @@ int main(int argc, char **argv) {
         if (run(s, mid[T], ids, N, 0, true, &p) < 0) return 1;
         rp[k] = p.ttft_ms;
         kvl_sched_conversations_expire(s, -1); /* drop kept lines: each run starts alike */
-        fprintf(stderr, "  %s -> %s, %d tokens: translated %.1f ms, reprefill %.1f ms\n", short_name(paths[S]),
-                short_name(paths[T]), C, tr[k], rp[k]);
+        fprintf(stderr, "  %s -> %s, %d tokens: translated %.1f ms, reprefill %.1f ms\n", kvl_bench_model_name(paths[S]),
+                kvl_bench_model_name(paths[T]), C, tr[k], rp[k]);
       }
       struct kvl_bench_stats st, sr;
       int n = runs < 32 ? runs : 32;
@@ -174,8 +161,8 @@ int main(int argc, char **argv) {
       double x[32];
       for (int k = 0; k < n; k++) x[k] = rp[k] / tr[k];
       char direction[160];
-      snprintf(direction, sizeof(direction), "%s->%s", short_name(paths[S]), short_name(paths[T]));
-      json_t *res = kvl_bench_report_add(rep, short_name(paths[T]), "switch-ttft", sr.median / st.median, "x", n,
+      snprintf(direction, sizeof(direction), "%s->%s", kvl_bench_model_name(paths[S]), kvl_bench_model_name(paths[T]));
+      json_t *res = kvl_bench_report_add(rep, kvl_bench_model_name(paths[T]), "switch-ttft", sr.median / st.median, "x", n,
                                          kvl_bench_sd(x, n));
       json_object_set_new(res, "direction", json_string(direction));
       json_object_set_new(res, "context_tokens", json_integer(C));

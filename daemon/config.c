@@ -139,36 +139,6 @@ static void get_double(struct walk *w, yaml_node_t *n, const char *path, double 
     continue;                                                                                                  \
   }
 
-static void walk_model(struct walk *w, yaml_node_t *n, const char *base, struct kvld_model_cfg *m) {
-  if (n->type != YAML_MAPPING_NODE) {
-    bad(w, base, "expected a mapping (name, path, ...)");
-    return;
-  }
-  for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top && !w->rc; p++) {
-    yaml_node_t *kn = yaml_document_get_node(w->doc, p->key), *vn = yaml_document_get_node(w->doc, p->value);
-    const char *k = scalar(w, kn, base);
-    if (!k) return;
-    char path[256];
-    snprintf(path, sizeof(path), "%s.%s", base, k);
-    if (!strcmp(k, "name")) { get_str(w, vn, path, m->name, sizeof(m->name)); continue; }
-    if (!strcmp(k, "path")) { get_str(w, vn, path, m->path, sizeof(m->path)); continue; }
-    if (!strcmp(k, "kv_dtype")) {
-      get_str(w, vn, path, m->kv_dtype, sizeof(m->kv_dtype));
-      if (!w->rc && strcmp(m->kv_dtype, "bf16") && strcmp(m->kv_dtype, "f32")) bad(w, path, "expected bf16 or f32");
-      continue;
-    }
-    long long mib;
-    if (!strcmp(k, "hot_mib") || !strcmp(k, "cold_mib") || !strcmp(k, "disk_mib")) {
-      mib = 0;
-      get_int(w, vn, path, !strcmp(k, "hot_mib") ? 1 : 0, 1 << 24, &mib);
-      *(!strcmp(k, "hot_mib") ? &m->hot_bytes : !strcmp(k, "cold_mib") ? &m->cold_bytes : &m->disk_bytes) = mib << 20;
-      continue;
-    }
-    INT_FIELD("max_model_len", 16, 1 << 24, m->max_model_len)
-    bad(w, path, "unknown key (name, path, kv_dtype, hot_mib, cold_mib, disk_mib, max_model_len)");
-  }
-}
-
 /* A mapping of scalars under `base`: calls fn(w, key, value node, path, ctx) per key. */
 typedef void (*walk_fn)(struct walk *w, const char *k, yaml_node_t *vn, const char *path, void *ctx);
 static void walk_map(struct walk *w, yaml_node_t *n, const char *base, walk_fn fn, void *ctx) {
@@ -184,6 +154,30 @@ static void walk_map(struct walk *w, yaml_node_t *n, const char *base, walk_fn f
     snprintf(path, sizeof(path), "%s.%s", base, k);
     fn(w, k, vn, path, ctx);
   }
+}
+
+static void walk_model_key(struct walk *w, const char *k, yaml_node_t *vn, const char *path, void *ctx) {
+  struct kvld_model_cfg *m = ctx;
+  if (!strcmp(k, "name")) { get_str(w, vn, path, m->name, sizeof(m->name)); return; }
+  if (!strcmp(k, "path")) { get_str(w, vn, path, m->path, sizeof(m->path)); return; }
+  if (!strcmp(k, "kv_dtype")) {
+    get_str(w, vn, path, m->kv_dtype, sizeof(m->kv_dtype));
+    if (!w->rc && strcmp(m->kv_dtype, "bf16") && strcmp(m->kv_dtype, "f32")) bad(w, path, "expected bf16 or f32");
+    return;
+  }
+  if (!strcmp(k, "hot_mib") || !strcmp(k, "cold_mib") || !strcmp(k, "disk_mib")) {
+    long long mib = 0;
+    get_int(w, vn, path, !strcmp(k, "hot_mib") ? 1 : 0, 1 << 24, &mib);
+    *(!strcmp(k, "hot_mib") ? &m->hot_bytes : !strcmp(k, "cold_mib") ? &m->cold_bytes : &m->disk_bytes) = mib << 20;
+    return;
+  }
+  if (!strcmp(k, "max_model_len")) {
+    long long v = m->max_model_len;
+    get_int(w, vn, path, 16, 1 << 24, &v);
+    m->max_model_len = (int32_t)v;
+    return;
+  }
+  bad(w, path, "unknown key (name, path, kv_dtype, hot_mib, cold_mib, disk_mib, max_model_len)");
 }
 
 static void walk_cascade(struct walk *w, const char *k, yaml_node_t *vn, const char *path, void *ctx) {
@@ -287,7 +281,7 @@ static void walk_root(struct walk *w, yaml_node_t *n, struct kvld_config *c) {
         }
         struct kvld_model_cfg *m = &c->models[c->n_models++];
         model_defaults(m);
-        walk_model(w, yaml_document_get_node(w->doc, *it), mp, m);
+        walk_map(w, yaml_document_get_node(w->doc, *it), mp, walk_model_key, m);
       }
       continue;
     }

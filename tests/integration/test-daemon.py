@@ -38,15 +38,12 @@ else:
     subprocess.run([where, large, "3", "2"], check=True)
 
 import grpc  # noqa: E402
-from grpc_tools import protoc  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-gen = tempfile.mkdtemp(prefix="kvl-proto-")
-for inc, f in ((proto_dir, "kvlingo/v1/kvlingo.proto"), (os.path.join(proto_dir, "grpc/health/v1"), "health.proto")):
-    assert protoc.main(["protoc", f"-I{inc}", f"--python_out={gen}", f"--grpc_python_out={gen}", f]) == 0
-sys.path.insert(0, gen)
-from kvlingo.v1 import kvlingo_pb2 as pb, kvlingo_pb2_grpc as rpc  # noqa: E402
-import health_pb2, health_pb2_grpc  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import load_protos  # noqa: E402
+
+pb, rpc, health_pb2, health_pb2_grpc = load_protos(proto_dir)
 
 failed = 0
 

@@ -52,22 +52,13 @@ if C:
     subprocess.run([identity_tool, C, A, CA], check=True)
 
 import grpc  # noqa: E402
-from grpc_tools import protoc  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-gen = tempfile.mkdtemp(prefix="kvl-proto-")
-assert protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={gen}", f"--grpc_python_out={gen}",
-                    "kvlingo/v1/kvlingo.proto"]) == 0
-sys.path.insert(0, gen)
-from kvlingo.v1 import kvlingo_pb2 as pb, kvlingo_pb2_grpc as rpc  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks, load_protos  # noqa: E402
 
-failed = 0
-
-
-def check(cond, what):
-    global failed
-    print(f"{'ok  ' if cond else 'FAIL'} {what}", flush=True)
-    failed += not cond
+pb, rpc, _, _ = load_protos(proto_dir)
+check = Checks()
 
 
 daemons = []
@@ -317,5 +308,5 @@ for d in daemons:
     d.terminate()
 for d in daemons:
     check(d.wait(timeout=60) == 0, "daemon exits 0 on SIGTERM")
-print(f"{failed} failed")
-sys.exit(1 if failed else 0)
+print(f"{check.failed} failed")
+sys.exit(1 if check.failed else 0)

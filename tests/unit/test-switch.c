@@ -12,6 +12,7 @@
  * stress of switches, edits, preemption and conversation shedding under the pool checker.
  */
 #include "../kvl_test.h"
+#include "../tiny_fingerprint.h"
 #include "../tiny_model.h"
 #include "kvl_error.h"
 #include "kvl_sched.h"
@@ -400,16 +401,8 @@ static void test_stress(void) {
 int main(void) {
   g_m = tiny_model_load(&(struct tiny_opts){.n_layer = 2}, &g_buf);
   g_m2 = tiny_model_load(&(struct tiny_opts){.n_layer = 2, .seed = 99}, &g_buf2);
-  const struct kvl_model_hparams *hp = kvl_model_hparams(g_m);
-  struct kvl_model_fingerprint fp = {0};
-  snprintf(fp.architecture, sizeof(fp.architecture), "%s", hp->arch);
-  fp.n_layer = hp->n_layer;
-  fp.n_kv_head = hp->n_kv_head;
-  fp.head_dim = hp->head_dim;
-  fp.rope_theta = hp->rope_theta;
-  snprintf(fp.rope_scaling, sizeof(fp.rope_scaling), "none");
-  snprintf(fp.tokenizer_hash, sizeof(fp.tokenizer_hash), "0123abcd");
-  snprintf(fp.name, sizeof(fp.name), "tiny");
+  struct kvl_model_fingerprint fp;
+  tiny_fingerprint(g_m, &fp);
   char err[256];
   KVL_ASSERT(kvl_translator_identity(&fp, false, &g_id, err, sizeof(err)) == 0);
   RUN(test_spans_from_transcript);

@@ -4,6 +4,7 @@
  * scalar reference on a random cross-shape translator, refusals by name, and lines of two
  * pools extended by translation with their provenance (kvl_line_translate). */
 #include "../kvl_test.h"
+#include "../tiny_fingerprint.h"
 #include "../tiny_model.h"
 #include "kvl_error.h"
 #include "kvl_model.h"
@@ -102,16 +103,7 @@ static void setup(void) {
   KVL_ASSERT(kvl_gguf_open_mem(g_buf, len, &g, err, sizeof(err)) == 0);
   KVL_ASSERT(kvl_model_from_gguf(g, "tiny", &g_m, err, sizeof(err)) == 0);
   const struct kvl_model_hparams *hp = kvl_model_hparams(g_m);
-  /* the tiny model has no tokenizer, which kvl_fingerprint_from_gguf requires */
-  memset(&g_fp, 0, sizeof(g_fp));
-  snprintf(g_fp.architecture, sizeof(g_fp.architecture), "%s", hp->arch);
-  g_fp.n_layer = hp->n_layer;
-  g_fp.n_kv_head = hp->n_kv_head;
-  g_fp.head_dim = hp->head_dim;
-  g_fp.rope_theta = hp->rope_theta;
-  snprintf(g_fp.rope_scaling, sizeof(g_fp.rope_scaling), "none");
-  snprintf(g_fp.tokenizer_hash, sizeof(g_fp.tokenizer_hash), "0123abcd");
-  snprintf(g_fp.name, sizeof(g_fp.name), "tiny");
+  tiny_fingerprint(g_m, &g_fp);
   g_w = hp->n_kv_head * hp->head_dim;
   g_nv = hp->n_vocab;
   g_kl = kvl_model_kv_layout(g_m, KVL_KV_F32);
