@@ -1,0 +1,136 @@
+/* test-distill.c — stage-2 self-distillation on tiny models: a translator between two
+ * copies of one model, started from a corrupted identity (identity + noise, so its
+ * closed form is wrong), is trained through the frozen target; the KL on samples it never
+ * saw falls by more than half (how far the maps move towards identity is printed: directions
+ * the data never excites stay free). Checkpoints
+ * round-trip exactly; a checkpoint of other shapes is refused. */
+#include <math.h>
+
+#include "../kvl_test.h"
+#include "../tiny_fingerprint.h"
+#include "../tiny_model.h"
+#include "kvl_distill.h"
+#include "kvl_error.h"
+
+enum { NTRAIN = 24, NTEST = 4, PREFIX = 24, CONT = 8 };
+
+static double identity_distance(const kvl_translator_t *t) {
+  double ss = 0;
+  for (int32_t l = 0; l < kvl_translator_n_layer(t); l++)
+    for (int which = 0; which < 2; which++) {
+      struct kvl_translator_map m;
+      KVL_ASSERT(kvl_translator_get_map(t, l, (enum kvl_translator_kv)which, &m) == 0);
+      for (int64_t r = 0; r < m.rows; r++)
+        for (int64_t c = 0; c < m.cols; c++) {
+          double e = m.data[r * m.cols + c] - (r == c ? 1.0 : 0.0);
+          ss += e * e;
+        }
+    }
+  return sqrt(ss);
+}
+
+static double mean_kl(kvl_distill_t *d, struct kvl_distill_sample *s, int n) {
+  double sum = 0, kl;
+  for (int i = 0; i < n; i++) {
+    KVL_ASSERT(kvl_distill_eval(d, &s[i], &kl) == 0);
+    sum += kl;
+  }
+  return sum / n;
+}
+
+int main(void) {
+  void *buf;
+  kvl_model_t *m = tiny_model_load(&(struct tiny_opts){.n_layer = 2}, &buf);
+  struct kvl_model_fingerprint fp;
+  tiny_fingerprint(m, &fp);
+  char err[256];
+  /* a corrupted identity: I + noise on every map */
+  kvl_translator_t *id, *bad;
+  KVL_ASSERT(kvl_translator_identity(&fp, false, &id, err, sizeof(err)) == 0);
+  KVL_ASSERT(kvl_translator_new(&fp, &fp, false, &bad, err, sizeof(err)) == 0);
+  unsigned long long rs = 7;
+  for (int32_t l = 0; l < kvl_translator_n_layer(id); l++)
+    for (int which = 0; which < 2; which++) {
+      struct kvl_translator_map mp;
+      KVL_ASSERT(kvl_translator_get_map(id, l, (enum kvl_translator_kv)which, &mp) == 0);
+      float *w = malloc(sizeof(float) * (size_t)(mp.rows * mp.cols));
+      for (int64_t i = 0; i < mp.rows * mp.cols; i++)
+        w[i] = mp.data[i] + 0.25f * (float)((double)(kvl_test_rand(&rs) % 2001) / 1000.0 - 1.0);
+      KVL_ASSERT(kvl_translator_set_map(bad, l, (enum kvl_translator_kv)which, mp.sources, mp.nu, w) == 0);
+      free(w);
+    }
+  /* samples: random token sequences, the same model as source and target */
+  struct kvl_distill_sample tr[NTRAIN], te[NTEST];
+  int32_t ids[PREFIX + CONT];
+  for (int i = 0; i < NTRAIN + NTEST; i++) {
+    for (int j = 0; j < PREFIX + CONT; j++) ids[j] = (int32_t)(kvl_test_rand(&rs) % 300);
+    CHECK_EQ_INT(kvl_distill_prepare(m, m, ids, PREFIX, CONT, 16, i < NTRAIN ? &tr[i] : &te[i - NTRAIN], err, sizeof(err)), 0);
+  }
+  CHECK(kvl_distill_sample_bytes(&tr[0]) > 0);
+  kvl_dense_t *dense;
+  CHECK_EQ_INT(kvl_dense_new(m, &dense, err, sizeof(err)), 0);
+  /* the true identity scores ~0: the samples and the target agree */
+  kvl_distill_t *d;
+  CHECK_EQ_INT(kvl_distill_new(id, dense, NULL, &d, err, sizeof(err)), 0);
+  double kl_id = mean_kl(d, te, NTEST);
+  kvl_distill_free(d);
+  CHECK_EQ_INT(kvl_distill_new(bad, dense, &(struct kvl_distill_opts){.clip = 1.0f}, &d, err, sizeof(err)), 0);
+  double kl0 = mean_kl(d, te, NTEST), dist0 = identity_distance(bad);
+  double kl;
+  for (int step = 0; step < 80; step++) {
+    for (int b = 0; b < 4; b++) CHECK_EQ_INT(kvl_distill_accumulate(d, &tr[(step * 4 + b) % NTRAIN], 0.25f, &kl), 0);
+    kvl_distill_update(d, 2e-2f, NULL);
+  }
+  double kl1 = mean_kl(d, te, NTEST);
+  kvl_translator_t *out;
+  KVL_ASSERT(kvl_translator_new(&fp, &fp, false, &out, err, sizeof(err)) == 0);
+  CHECK_EQ_INT(kvl_distill_export(d, out), 0);
+  double dist1 = identity_distance(out);
+  printf("  held-out KL: identity %.2e, corrupted %.4f -> %.4f after %lld steps (%.0f%% less); distance to identity "
+         "%.2f -> %.2f; %lld parameters\n", kl_id, kl0, kl1, (long long)kvl_distill_steps(d), 100 * (1 - kl1 / kl0), dist0,
+         dist1, (long long)kvl_distill_params(d));
+  CHECK(kl_id < 1e-5);
+  CHECK(kl1 < 0.5 * kl0);
+  /* checkpoints: save, move on, load -> the saved maps and step again */
+  const char *ck = "test-distill.ckpt";
+  CHECK_EQ_INT(kvl_distill_save(d, ck, err, sizeof(err)), 0);
+  double kl_saved = mean_kl(d, te, NTEST);
+  int64_t step_saved = kvl_distill_steps(d);
+  CHECK_EQ_INT(kvl_distill_accumulate(d, &tr[0], 1, &kl), 0);
+  kvl_distill_update(d, 1e-1f, NULL);
+  CHECK(mean_kl(d, te, NTEST) != kl_saved);
+  CHECK_EQ_INT(kvl_distill_load(d, ck, err, sizeof(err)), 0);
+  CHECK(mean_kl(d, te, NTEST) == kl_saved && kvl_distill_steps(d) == step_saved);
+  /* a checkpoint of another shape is refused by name */
+  void *buf3;
+  kvl_model_t *m3 = tiny_model_load(&(struct tiny_opts){.n_layer = 3}, &buf3);
+  struct kvl_model_fingerprint fp3;
+  tiny_fingerprint(m3, &fp3);
+  kvl_translator_t *id3;
+  kvl_dense_t *dense3;
+  kvl_distill_t *d3;
+  KVL_ASSERT(kvl_translator_identity(&fp3, false, &id3, err, sizeof(err)) == 0);
+  KVL_ASSERT(kvl_dense_new(m3, &dense3, err, sizeof(err)) == 0);
+  KVL_ASSERT(kvl_distill_new(id3, dense3, NULL, &d3, err, sizeof(err)) == 0);
+  CHECK_EQ_INT(kvl_distill_load(d3, ck, err, sizeof(err)), KVL_EFORMAT);
+  CHECK_STR_CONTAINS(err, "test-distill.ckpt");
+  /* and a translator for another model is refused */
+  kvl_distill_t *dx;
+  CHECK_EQ_INT(kvl_distill_new(id3, dense, NULL, &dx, err, sizeof(err)), KVL_EMISMATCH);
+  remove(ck);
+  kvl_distill_free(d3);
+  kvl_dense_free(dense3);
+  kvl_translator_free(id3);
+  kvl_model_free(m3);
+  free(buf3);
+  for (int i = 0; i < NTRAIN; i++) kvl_distill_sample_free(&tr[i]);
+  for (int i = 0; i < NTEST; i++) kvl_distill_sample_free(&te[i]);
+  kvl_translator_free(out);
+  kvl_translator_free(bad);
+  kvl_translator_free(id);
+  kvl_distill_free(d);
+  kvl_dense_free(dense);
+  kvl_model_free(m);
+  free(buf);
+  return TEST_EXIT();
+}

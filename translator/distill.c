@@ -1,0 +1,350 @@
+/* distill.c — stage-2 self-distillation of translator maps (kvl_distill.h). */
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvl_distill.h"
+#include "kvl_error.h"
+#include "kvl_fit.h"
+#include "kvl_quant.h"
+
+/* ---- samples -------------------------------------------------------------------------- */
+
+void kvl_distill_sample_free(struct kvl_distill_sample *s) {
+  if (!s) return;
+  free(s->tokens);
+  free(s->src_k);
+  free(s->src_v);
+  free(s->top_ids);
+  free(s->top_lp);
+  memset(s, 0, sizeof(*s));
+}
+
+size_t kvl_distill_sample_bytes(const struct kvl_distill_sample *s) {
+  return (size_t)s->m * sizeof(int32_t) + 2 * (size_t)s->n_layer_src * s->P * s->w_src * sizeof(uint16_t) +
+         (size_t)s->m * s->k * (sizeof(int32_t) + sizeof(float));
+}
+
+/* The k largest of row[0..n) as log-probs (log_softmax), largest first. */
+static void top_k(const float *row, int32_t n, int32_t k, int32_t *ids, float *lp) {
+  float mx = -INFINITY;
+  for (int32_t i = 0; i < n; i++) mx = row[i] > mx ? row[i] : mx;
+  double z = 0;
+  for (int32_t i = 0; i < n; i++) z += exp((double)row[i] - mx);
+  float lz = mx + (float)log(z);
+  int32_t have = 0;
+  for (int32_t i = 0; i < n; i++) {
+    if (have == k && row[i] <= row[ids[k - 1]]) continue;
+    int32_t j = have < k ? have++ : k - 1; /* insertion into the sorted short list */
+    while (j > 0 && row[ids[j - 1]] < row[i]) {
+      ids[j] = ids[j - 1];
+      j--;
+    }
+    ids[j] = i;
+  }
+  for (int32_t j = 0; j < have; j++) lp[j] = row[ids[j]] - lz;
+}
+
+int kvl_distill_prepare(kvl_model_t *src, kvl_model_t *dst, const int32_t *ids, int32_t n, int32_t m, int32_t topk,
+                        struct kvl_distill_sample *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof(*out));
+  if (n < 2 || m < 1 || topk < 1) return kvl_errf(err, errlen, KVL_EINVAL, "distill sample: prefix %d, continuation %d, top-k %d", n, m, topk);
+  const struct kvl_model_hparams *hs = kvl_model_hparams(src), *hd = kvl_model_hparams(dst);
+  const int32_t P = n - 1, LS = hs->n_layer, W = hs->n_kv_head * hs->head_dim, V = hd->n_vocab;
+  if (topk > V) topk = V;
+  out->P = P;
+  out->m = m;
+  out->n_layer_src = LS;
+  out->w_src = W;
+  out->k = topk;
+  float **k = calloc((size_t)LS, sizeof(float *)), **v = calloc((size_t)LS, sizeof(float *));
+  float *logits = malloc((size_t)m * V * sizeof(float));
+  out->tokens = malloc((size_t)m * sizeof(int32_t));
+  out->src_k = malloc((size_t)LS * P * W * sizeof(uint16_t));
+  out->src_v = malloc((size_t)LS * P * W * sizeof(uint16_t));
+  out->top_ids = malloc((size_t)m * topk * sizeof(int32_t));
+  out->top_lp = malloc((size_t)m * topk * sizeof(float));
+  int rc = k && v && logits && out->tokens && out->src_k && out->src_v && out->top_ids && out->top_lp ? 0 : KVL_ENOMEM;
+  for (int32_t l = 0; l < LS && rc == 0; l++)
+    if (!(k[l] = malloc((size_t)P * W * sizeof(float))) || !(v[l] = malloc((size_t)P * W * sizeof(float)))) rc = KVL_ENOMEM;
+  if (rc == 0) rc = kvl_fit_capture(src, ids, P, 256, &(struct kvl_capture_out){.k = k, .v = v}, err, errlen);
+  if (rc == 0)
+    rc = kvl_fit_capture(dst, ids, n + m - 1, 256, &(struct kvl_capture_out){.logits = logits, .logits_from = n - 1}, err,
+                         errlen);
+  if (rc == 0) {
+    for (int32_t l = 0; l < LS; l++)
+      for (size_t i = 0; i < (size_t)P * W; i++) {
+        out->src_k[(size_t)l * P * W + i] = kvl_fp32_to_bf16(k[l][i]);
+        out->src_v[(size_t)l * P * W + i] = kvl_fp32_to_bf16(v[l][i]);
+      }
+    for (int32_t t = 0; t < m; t++) {
+      out->tokens[t] = ids[n - 1 + t];
+      top_k(logits + (size_t)t * V, V, topk, out->top_ids + (size_t)t * topk, out->top_lp + (size_t)t * topk);
+    }
+  }
+  for (int32_t l = 0; l < LS && k && v; l++) {
+    free(k[l]);
+    free(v[l]);
+  }
+  free(k);
+  free(v);
+  free(logits);
+  if (rc == KVL_ENOMEM) kvl_errf(err, errlen, rc, "distill sample: out of memory");
+  if (rc < 0) kvl_distill_sample_free(out);
+  return rc;
+}
+
+/* ---- the trainable maps ------------------------------------------------------------------ */
+
+struct pmap {
+  int32_t nu, sources[64];
+  int64_t rows, cols;
+  float *w, *g, *m1, *m2;
+};
+
+struct kvl_distill {
+  kvl_dense_t *target;
+  struct kvl_distill_opts o;
+  bool affine;
+  int32_t n_layer, w_src, w_dst;
+  struct pmap *maps; /* [n_layer][2]: K then V */
+  int64_t step, params;
+  struct kvl_model_fingerprint fp_src, fp_dst;
+};
+
+void kvl_distill_free(kvl_distill_t *d) {
+  if (!d) return;
+  for (int32_t i = 0; d->maps && i < 2 * d->n_layer; i++) {
+    free(d->maps[i].w);
+    free(d->maps[i].g);
+    free(d->maps[i].m1);
+    free(d->maps[i].m2);
+  }
+  free(d->maps);
+  free(d);
+}
+
+int kvl_distill_new(const kvl_translator_t *init, kvl_dense_t *target, const struct kvl_distill_opts *o,
+                    kvl_distill_t **out, char *err, size_t errlen) {
+  *out = NULL;
+  kvl_distill_t *d = calloc(1, sizeof(*d));
+  if (!d) return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory");
+  d->target = target;
+  d->o = o ? *o : (struct kvl_distill_opts){0};
+  if (d->o.beta1 == 0) d->o.beta1 = 0.9f;
+  if (d->o.beta2 == 0) d->o.beta2 = 0.999f;
+  if (d->o.eps == 0) d->o.eps = 1e-8f;
+  if (d->o.clip == 0 && !o) d->o.clip = 1.0f;
+  d->affine = kvl_translator_affine(init);
+  d->fp_src = *kvl_translator_source(init);
+  d->fp_dst = *kvl_translator_target(init);
+  d->n_layer = kvl_translator_n_layer(init);
+  d->w_src = d->fp_src.n_kv_head * d->fp_src.head_dim;
+  d->w_dst = d->fp_dst.n_kv_head * d->fp_dst.head_dim;
+  const struct kvl_model_hparams *hp = kvl_model_hparams(kvl_dense_model(target));
+  if (hp->n_layer != d->n_layer || hp->n_kv_head * hp->head_dim != d->w_dst) {
+    kvl_distill_free(d);
+    return kvl_errf(err, errlen, KVL_EMISMATCH, "distill: the translator's target is not the dense model '%s'", hp->name);
+  }
+  d->maps = calloc((size_t)d->n_layer * 2, sizeof(*d->maps));
+  if (!d->maps) {
+    kvl_distill_free(d);
+    return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory");
+  }
+  for (int32_t l = 0; l < d->n_layer; l++)
+    for (int which = 0; which < 2; which++) {
+      struct kvl_translator_map tm;
+      int rc = kvl_translator_get_map(init, l, (enum kvl_translator_kv)which, &tm);
+      if (rc < 0 || tm.nu > 64) {
+        kvl_distill_free(d);
+        return kvl_errf(err, errlen, rc < 0 ? rc : KVL_ENOTSUP, "distill: layer %d's %s map is not usable", l, which ? "V" : "K");
+      }
+      struct pmap *p = &d->maps[2 * l + which];
+      p->nu = tm.nu;
+      memcpy(p->sources, tm.sources, (size_t)tm.nu * sizeof(int32_t));
+      p->rows = tm.rows;
+      p->cols = tm.cols;
+      size_t n = (size_t)tm.rows * tm.cols;
+      p->w = malloc(n * sizeof(float));
+      p->g = calloc(n, sizeof(float));
+      p->m1 = calloc(n, sizeof(float));
+      p->m2 = calloc(n, sizeof(float));
+      if (!p->w || !p->g || !p->m1 || !p->m2) {
+        kvl_distill_free(d);
+        return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory");
+      }
+      memcpy(p->w, tm.data, n * sizeof(float));
+      d->params += (int64_t)n;
+    }
+  *out = d;
+  return 0;
+}
+
+int64_t kvl_distill_params(const kvl_distill_t *d) { return d->params; }
+int64_t kvl_distill_steps(const kvl_distill_t *d) { return d->step; }
+
+/* X = the map's source rows of the sample, concatenated (+ a column of ones): [P][rows]. */
+static void gather(const kvl_distill_t *d, const struct pmap *p, const uint16_t *src, int32_t P, float *x) {
+  const int32_t W = d->w_src;
+  for (int32_t t = 0; t < P; t++) {
+    float *row = x + (size_t)t * p->rows;
+    for (int32_t j = 0; j < p->nu; j++) {
+      const uint16_t *s = src + ((size_t)p->sources[j] * P + t) * W;
+      for (int32_t i = 0; i < W; i++) row[(size_t)j * W + i] = kvl_bf16_to_fp32(s[i]);
+    }
+    if (d->affine) row[p->rows - 1] = 1.0f;
+  }
+}
+
+/* The forward (and, with grads, the backward) of one sample. */
+static int run(kvl_distill_t *d, const struct kvl_distill_sample *s, float scale, double *kl, bool grads) {
+  const int32_t L = d->n_layer, P = s->P, W = d->w_dst, m = s->m;
+  const kvl_model_t *tm = kvl_dense_model(d->target);
+  const int32_t V = kvl_model_hparams(tm)->n_vocab, KVH = d->fp_dst.n_kv_head;
+  if (s->n_layer_src != d->fp_src.n_layer || s->w_src != d->w_src) return KVL_EMISMATCH;
+  int64_t max_rows = 0;
+  for (int32_t i = 0; i < 2 * L; i++) max_rows = d->maps[i].rows > max_rows ? d->maps[i].rows : max_rows;
+  float **pk = calloc((size_t)L, sizeof(float *)), **pv = calloc((size_t)L, sizeof(float *));
+  float *x = malloc((size_t)P * max_rows * sizeof(float)), *logits = malloc((size_t)m * V * sizeof(float));
+  float *dlog = grads ? malloc((size_t)m * V * sizeof(float)) : NULL;
+  int32_t *pos = malloc((size_t)P * sizeof(int32_t));
+  int rc = pk && pv && x && logits && pos && (!grads || dlog) ? 0 : KVL_ENOMEM;
+  for (int32_t l = 0; l < L && rc == 0; l++)
+    if (!(pk[l] = calloc((size_t)P * W, sizeof(float))) || !(pv[l] = calloc((size_t)P * W, sizeof(float)))) rc = KVL_ENOMEM;
+  for (int32_t t = 0; t < P && pos; t++) pos[t] = t;
+  const struct kvl_rope *rope = kvl_model_rope(tm);
+  /* the translated prefix: K = rope(X·Mk), V = Y·Mv */
+  for (int32_t l = 0; l < L && rc == 0; l++)
+    for (int which = 0; which < 2; which++) {
+      const struct pmap *p = &d->maps[2 * l + which];
+      gather(d, p, which ? s->src_v : s->src_k, P, x);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, P, (int)p->cols, (int)p->rows, 1.0f, x, (int)p->rows, p->w,
+                  (int)p->cols, 0.0f, which ? pv[l] : pk[l], W);
+      if (!which) kvl_op_rope_forward(rope, pk[l], pos, P, KVH);
+    }
+  kvl_dense_acts_t *acts = NULL;
+  if (rc == 0) rc = kvl_dense_forward(d->target, (const float *const *)pk, (const float *const *)pv, P, s->tokens, m, logits, &acts);
+  double sum = 0;
+  for (int32_t t = 0; t < m && rc == 0; t++)
+    sum += kvl_op_kl_topk(logits + (size_t)t * V, V, s->top_ids + (size_t)t * s->k, s->top_lp + (size_t)t * s->k, s->k,
+                          grads ? dlog + (size_t)t * V : NULL, scale / (float)m);
+  if (kl) *kl = sum / m;
+  if (rc == 0 && grads) {
+    for (int32_t l = 0; l < L; l++) {
+      memset(pk[l], 0, (size_t)P * W * sizeof(float));
+      memset(pv[l], 0, (size_t)P * W * sizeof(float));
+    }
+    rc = kvl_dense_backward(d->target, acts, dlog, pk, pv); /* pk, pv now hold the gradients */
+    for (int32_t l = 0; l < L && rc == 0; l++)
+      for (int which = 0; which < 2; which++) {
+        struct pmap *p = &d->maps[2 * l + which];
+        if (!which) kvl_op_rope_backward(rope, pk[l], pos, P, KVH);
+        gather(d, p, which ? s->src_v : s->src_k, P, x);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)p->rows, (int)p->cols, P, 1.0f, x, (int)p->rows,
+                    which ? pv[l] : pk[l], W, 1.0f, p->g, (int)p->cols);
+      }
+  }
+  kvl_dense_acts_free(acts);
+  for (int32_t l = 0; l < L && pk && pv; l++) {
+    free(pk[l]);
+    free(pv[l]);
+  }
+  free(pk);
+  free(pv);
+  free(x);
+  free(logits);
+  free(dlog);
+  free(pos);
+  return rc;
+}
+
+int kvl_distill_accumulate(kvl_distill_t *d, const struct kvl_distill_sample *s, float scale, double *kl) {
+  return run(d, s, scale, kl, true);
+}
+
+int kvl_distill_eval(kvl_distill_t *d, const struct kvl_distill_sample *s, double *kl) {
+  return run(d, s, 1.0f, kl, false);
+}
+
+void kvl_distill_update(kvl_distill_t *d, float lr, double *grad_norm) {
+  double ss = 0;
+  for (int32_t i = 0; i < 2 * d->n_layer; i++) {
+    const struct pmap *p = &d->maps[i];
+    for (int64_t j = 0; j < p->rows * p->cols; j++) ss += (double)p->g[j] * p->g[j];
+  }
+  double norm = sqrt(ss), f = d->o.clip > 0 && norm > d->o.clip ? d->o.clip / norm : 1.0;
+  if (grad_norm) *grad_norm = norm;
+  d->step++;
+  const double b1 = d->o.beta1, b2 = d->o.beta2, c1 = 1.0 - pow(b1, (double)d->step), c2 = 1.0 - pow(b2, (double)d->step);
+  for (int32_t i = 0; i < 2 * d->n_layer; i++) {
+    struct pmap *p = &d->maps[i];
+    for (int64_t j = 0; j < p->rows * p->cols; j++) {
+      double g = p->g[j] * f;
+      p->m1[j] = (float)(b1 * p->m1[j] + (1 - b1) * g);
+      p->m2[j] = (float)(b2 * p->m2[j] + (1 - b2) * g * g);
+      double upd = (p->m1[j] / c1) / (sqrt(p->m2[j] / c2) + d->o.eps) + d->o.weight_decay * p->w[j];
+      p->w[j] -= (float)(lr * upd);
+      p->g[j] = 0;
+    }
+  }
+}
+
+int kvl_distill_export(const kvl_distill_t *d, kvl_translator_t *t) {
+  for (int32_t l = 0; l < d->n_layer; l++)
+    for (int which = 0; which < 2; which++) {
+      const struct pmap *p = &d->maps[2 * l + which];
+      int rc = kvl_translator_set_map(t, l, (enum kvl_translator_kv)which, p->sources, p->nu, p->w);
+      if (rc < 0) return rc;
+    }
+  return 0;
+}
+
+/* ---- checkpoints: "KVLDIST1", step, map count, then per map rows, cols, w, m1, m2 ------ */
+
+int kvl_distill_save(const kvl_distill_t *d, const char *path, char *err, size_t errlen) {
+  char tmp[4200];
+  snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+  FILE *f = fopen(tmp, "wb");
+  if (!f) return kvl_errf(err, errlen, KVL_EIO, "checkpoint %s: %s", tmp, strerror(errno));
+  int64_t n = 2 * (int64_t)d->n_layer;
+  bool ok = fwrite("KVLDIST1", 1, 8, f) == 8 && fwrite(&d->step, sizeof(d->step), 1, f) == 1 &&
+            fwrite(&n, sizeof(n), 1, f) == 1;
+  for (int64_t i = 0; i < n && ok; i++) {
+    const struct pmap *p = &d->maps[i];
+    size_t e = (size_t)(p->rows * p->cols);
+    ok = fwrite(&p->rows, sizeof(p->rows), 1, f) == 1 && fwrite(&p->cols, sizeof(p->cols), 1, f) == 1 &&
+         fwrite(p->w, sizeof(float), e, f) == e && fwrite(p->m1, sizeof(float), e, f) == e &&
+         fwrite(p->m2, sizeof(float), e, f) == e;
+  }
+  if (fclose(f) != 0) ok = false;
+  if (!ok || rename(tmp, path) != 0) {
+    remove(tmp);
+    return kvl_errf(err, errlen, KVL_EIO, "checkpoint %s: write failed", path);
+  }
+  return 0;
+}
+
+int kvl_distill_load(kvl_distill_t *d, const char *path, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return kvl_errf(err, errlen, KVL_ENOENT, "checkpoint %s: %s", path, strerror(errno));
+  char magic[8];
+  int64_t step, n;
+  bool ok = fread(magic, 1, 8, f) == 8 && !memcmp(magic, "KVLDIST1", 8) && fread(&step, sizeof(step), 1, f) == 1 &&
+            fread(&n, sizeof(n), 1, f) == 1 && n == 2 * (int64_t)d->n_layer;
+  for (int64_t i = 0; i < n && ok; i++) {
+    struct pmap *p = &d->maps[i];
+    int64_t r, c;
+    ok = fread(&r, sizeof(r), 1, f) == 1 && fread(&c, sizeof(c), 1, f) == 1 && r == p->rows && c == p->cols;
+    size_t e = (size_t)(r * c);
+    ok = ok && fread(p->w, sizeof(float), e, f) == e && fread(p->m1, sizeof(float), e, f) == e &&
+         fread(p->m2, sizeof(float), e, f) == e;
+  }
+  ok = ok && fgetc(f) == EOF;
+  fclose(f);
+  if (!ok) return kvl_errf(err, errlen, KVL_EFORMAT, "checkpoint %s: not a checkpoint of these maps (shapes or size differ)", path);
+  d->step = step;
+  return 0;
+}
