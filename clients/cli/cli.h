@@ -13,6 +13,7 @@ int kvl_cli_info(int argc, char **argv);
 int kvl_cli_run(int argc, char **argv);
 int kvl_cli_fit(int argc, char **argv);
 int kvl_cli_eval(int argc, char **argv);
+int kvl_cli_distill(int argc, char **argv);
 int kvl_cli_generate(int argc, char **argv);
 int kvl_cli_chat(int argc, char **argv);
 int kvl_cli_models(int argc, char **argv);

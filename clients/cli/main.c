@@ -14,6 +14,7 @@ static const struct cmd cmds[] = {
   {"run", kvl_cli_run, "generate text from a model file, in this process"},
   {"info", kvl_cli_info, "show a GGUF model's metadata and tensors"},
     {"fit", kvl_cli_fit, "fit closed-form KV translators between two models (stage 1)"},
+    {"distill", kvl_cli_distill, "train a translator by self-distillation through the target (stage 2)"},
     {"eval", kvl_cli_eval, "score translators on held-out text against native caches"},
     {"generate", kvl_cli_generate, "stream a completion from a running kvlingod (gRPC)"},
     {"chat", kvl_cli_chat, "interactive chat with a running kvlingod, history kept"},

@@ -1,0 +1,282 @@
+/* cmd_distill.c — `kvlingo distill`: stage-2 self-distillation of a translator through the
+ * frozen target (DESIGN.md "Fitting translators"; translator/include/kvl_distill.h). */
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+#include "kvl_distill.h"
+#include "kvl_error.h"
+#include "kvl_fit.h"
+#include "kvl_train.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+    "usage: kvlingo distill -s SOURCE -t TARGET --init TRANSLATOR -o OUT [options]\n"
+    "\n"
+    "Train a translator SOURCE->TARGET by self-distillation through the frozen TARGET: each\n"
+    "sample's prefix is translated with the current maps, the target runs the continuation\n"
+    "on that cache, and the KL to the target's own predictions (from its native cache) is\n"
+    "back-propagated into the maps (AdamW). Starts from a closed-form translator (--init);\n"
+    "resumable (--checkpoint, written every --save-every seconds and on SIGINT/SIGTERM).\n"
+    "\n"
+    "  -s, --source MODEL     the source model (.gguf or a name in $KVLINGO_MODELS)\n"
+    "  -t, --target MODEL     the target model (trained through; frozen)\n"
+    "      --init FILE        the translator to start from (stage 1)\n"
+    "  -o, --out FILE         the distilled translator (safetensors)\n"
+    "      --corpus FILE      corpus split (default translator/corpus/split.tsv)\n"
+    "      --samples N        training samples from the fit split (default 256)\n"
+    "      --eval-samples N   held-out samples for the KL curve (default 16, validation split)\n"
+    "      --prefix N         prefix tokens per sample (default 256)\n"
+    "      --cont N           continuation tokens scored (default 32)\n"
+    "      --topk K           target log-probs kept per position (default 64)\n"
+    "      --steps N          optimizer steps (default 200)\n"
+    "      --batch N          samples per step (default 8)\n"
+    "      --lr X             peak learning rate (default 3e-5)\n"
+    "      --warmup F         warm-up fraction of the steps (default 0.05), then cosine decay\n"
+    "      --clip X           gradient-norm clip (default 1.0)\n"
+    "      --eval-every N     steps between held-out KL evaluations (default 25)\n"
+    "      --seed N           sample order (default 1)\n"
+    "      --checkpoint FILE  resume from / save to (default OUT.ckpt)\n"
+    "      --save-every S     seconds between checkpoints (default 300)\n"
+    "      --log FILE         the training curve as JSON lines (default OUT.log.jsonl)\n"
+    "  -h, --help             this text\n"
+    "\n"
+    "example: kvlingo distill -s qwen2.5-coder-1.5b -t qwen2.5-coder-0.5b \\\n"
+    "           --init translator/maps/qwen2.5-coder-1.5b-to-qwen2.5-coder-0.5b.safetensors \\\n"
+    "           -o /tmp/1.5b-to-0.5b.distilled.safetensors --steps 400\n");
+}
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int s) {
+  (void)s;
+  g_stop = 1;
+}
+
+static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const char *corpus, const char *split,
+                   int32_t want, int32_t prefix, int32_t cont, int32_t topk, struct kvl_distill_sample **out,
+                   int32_t *n_out, char *err, size_t errlen) {
+  struct kvl_corpus_opts co = {.split_tsv = corpus, .split = split, .domain = NULL, .ctx = prefix + cont,
+                               .min_tokens = prefix + cont, .max_per_file = 4,
+                               .max_tokens = (int64_t)(prefix + cont) * want, .chat_every = 4, .chat_model = dst->m};
+  struct kvl_sample *smp;
+  int32_t n;
+  int rc = kvl_corpus_samples(&co, dst->tk, &smp, &n, err, errlen);
+  if (rc < 0) return rc;
+  if (n > want) n = want;
+  *out = calloc((size_t)(n > 0 ? n : 1), sizeof(**out));
+  double t0 = kvl_cli_now();
+  for (int32_t i = 0; i < n && rc == 0; i++) {
+    rc = kvl_distill_prepare(src->m, dst->m, smp[i].ids, prefix, cont, topk, &(*out)[i], err, errlen);
+    kvl_cli_progress(split, i + 1, n, t0);
+  }
+  kvl_samples_free(smp, n);
+  *n_out = n;
+  return rc;
+}
+
+static double mean_kl(kvl_distill_t *d, struct kvl_distill_sample *s, int32_t n) {
+  double sum = 0, kl;
+  for (int32_t i = 0; i < n; i++)
+    if (kvl_distill_eval(d, &s[i], &kl) == 0) sum += kl;
+  return n ? sum / n : 0;
+}
+
+int kvl_cli_distill(int argc, char **argv) {
+  const char *src_arg = NULL, *dst_arg = NULL, *init_path = NULL, *out_path = NULL, *ckpt = NULL, *log_path = NULL;
+  const char *corpus = "translator/corpus/split.tsv"; /* relative to the checkout, like fit and eval */
+  int32_t n_train = 256, n_eval = 16, prefix = 256, cont = 32, topk = 64, steps = 200, batch = 8, eval_every = 25;
+  double lr = 3e-5, warmup = 0.05, clip = 1.0, save_every = 300;
+  unsigned seed = 1;
+  enum { O_INIT = 1000, O_CORPUS, O_SAMPLES, O_EVAL_SAMPLES, O_PREFIX, O_CONT, O_TOPK, O_STEPS, O_BATCH, O_LR,
+         O_WARMUP, O_CLIP, O_EVAL_EVERY, O_SEED, O_CKPT, O_SAVE_EVERY, O_LOG };
+  static const struct option opts[] = {
+    {"source", required_argument, 0, 's'}, {"target", required_argument, 0, 't'}, {"init", required_argument, 0, O_INIT},
+    {"out", required_argument, 0, 'o'}, {"corpus", required_argument, 0, O_CORPUS},
+    {"samples", required_argument, 0, O_SAMPLES}, {"eval-samples", required_argument, 0, O_EVAL_SAMPLES},
+    {"prefix", required_argument, 0, O_PREFIX}, {"cont", required_argument, 0, O_CONT},
+    {"topk", required_argument, 0, O_TOPK}, {"steps", required_argument, 0, O_STEPS},
+    {"batch", required_argument, 0, O_BATCH}, {"lr", required_argument, 0, O_LR},
+    {"warmup", required_argument, 0, O_WARMUP}, {"clip", required_argument, 0, O_CLIP},
+    {"eval-every", required_argument, 0, O_EVAL_EVERY}, {"seed", required_argument, 0, O_SEED},
+    {"checkpoint", required_argument, 0, O_CKPT}, {"save-every", required_argument, 0, O_SAVE_EVERY},
+    {"log", required_argument, 0, O_LOG}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  int c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "s:t:o:h", opts, NULL)) != -1) {
+    switch (c) {
+    case 's': src_arg = optarg; break;
+    case 't': dst_arg = optarg; break;
+    case 'o': out_path = optarg; break;
+    case O_INIT: init_path = optarg; break;
+    case O_CORPUS: corpus = optarg; break;
+    case O_SAMPLES: n_train = atoi(optarg); break;
+    case O_EVAL_SAMPLES: n_eval = atoi(optarg); break;
+    case O_PREFIX: prefix = atoi(optarg); break;
+    case O_CONT: cont = atoi(optarg); break;
+    case O_TOPK: topk = atoi(optarg); break;
+    case O_STEPS: steps = atoi(optarg); break;
+    case O_BATCH: batch = atoi(optarg); break;
+    case O_LR: lr = atof(optarg); break;
+    case O_WARMUP: warmup = atof(optarg); break;
+    case O_CLIP: clip = atof(optarg); break;
+    case O_EVAL_EVERY: eval_every = atoi(optarg); break;
+    case O_SEED: seed = (unsigned)strtoul(optarg, NULL, 10); break;
+    case O_CKPT: ckpt = optarg; break;
+    case O_SAVE_EVERY: save_every = atof(optarg); break;
+    case O_LOG: log_path = optarg; break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (!src_arg || !dst_arg || !init_path || !out_path) {
+    usage(stderr);
+    return 2;
+  }
+  if (n_train < 1 || prefix < 2 || cont < 1 || topk < 1 || steps < 1 || batch < 1 || !(lr > 0) || warmup < 0 || warmup >= 1) {
+    fprintf(stderr, "kvlingo distill: samples, prefix >= 2, cont, topk, steps, batch must be positive; lr > 0; warmup in [0, 1)\n");
+    return 2;
+  }
+  char ckpt_buf[4200], log_buf[4200];
+  if (!ckpt) { snprintf(ckpt_buf, sizeof(ckpt_buf), "%s.ckpt", out_path); ckpt = ckpt_buf; }
+  if (!log_path) { snprintf(log_buf, sizeof(log_buf), "%s.log.jsonl", out_path); log_path = log_buf; }
+  char err[1024];
+  struct kvl_cli_model src = {0}, dst = {0};
+  kvl_translator_t *init = NULL, *out = NULL;
+  kvl_dense_t *dense = NULL;
+  kvl_distill_t *d = NULL;
+  struct kvl_distill_sample *tr = NULL, *ev = NULL;
+  int32_t n_tr = 0, n_ev = 0;
+  int rc = kvl_cli_model_open(&src, src_arg, err, sizeof(err));
+  if (rc == 0) rc = kvl_cli_model_open(&dst, dst_arg, err, sizeof(err));
+  if (rc == 0) rc = kvl_translator_load(init_path, &init, err, sizeof(err));
+  if (rc == 0) rc = kvl_translator_check_models(init, &src.fp, &dst.fp, err, sizeof(err));
+  double t0 = kvl_cli_now();
+  if (rc == 0) {
+    fprintf(stderr, "dense fp32 copy of %s ...\n", dst.short_name);
+    rc = kvl_dense_new(dst.m, &dense, err, sizeof(err));
+  }
+  if (rc == 0)
+    rc = kvl_distill_new(init, dense, &(struct kvl_distill_opts){.clip = (float)clip}, &d, err, sizeof(err));
+  if (rc == 0) rc = prepare(&src, &dst, corpus, "fit", n_train, prefix, cont, topk, &tr, &n_tr, err, sizeof(err));
+  if (rc == 0) rc = prepare(&src, &dst, corpus, "val", n_eval, prefix, cont, topk, &ev, &n_ev, err, sizeof(err));
+  if (rc < 0) {
+    fprintf(stderr, "kvlingo distill: %s\n", err);
+    goto done;
+  }
+  fprintf(stderr, "%s -> %s: %lld parameters; %d training samples, %d held-out (prefix %d, %d scored); dense copy %.1f GiB; "
+                  "samples %.1f MiB; prepared in %.0f s\n",
+          src.short_name, dst.short_name, (long long)kvl_distill_params(d), n_tr, n_ev, prefix, cont,
+          kvl_dense_bytes(dense) / 1073741824.0, n_tr ? (double)kvl_distill_sample_bytes(&tr[0]) * n_tr / 1048576.0 : 0,
+          kvl_cli_now() - t0);
+  if (access(ckpt, R_OK) == 0) {
+    if ((rc = kvl_distill_load(d, ckpt, err, sizeof(err))) < 0) {
+      fprintf(stderr, "kvlingo distill: %s (remove it to start over)\n", err);
+      goto done;
+    }
+    fprintf(stderr, "resumed from %s at step %lld\n", ckpt, (long long)kvl_distill_steps(d));
+  }
+  FILE *lg = fopen(log_path, kvl_distill_steps(d) > 0 ? "a" : "w");
+  if (!lg) {
+    fprintf(stderr, "kvlingo distill: cannot write %s\n", log_path);
+    rc = KVL_EIO;
+    goto done;
+  }
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
+  double kl0 = mean_kl(d, ev, n_ev);
+  if (kvl_distill_steps(d) == 0) {
+    fprintf(lg, "{\"step\":0,\"heldout_kl\":%.6f}\n", kl0);
+    fflush(lg);
+  }
+  fprintf(stderr, "held-out KL at step %lld: %.4f\n", (long long)kvl_distill_steps(d), kl0);
+  /* a fixed permutation per epoch from the seed: the same run for the same seed */
+  int32_t *order = malloc((size_t)n_tr * sizeof(int32_t));
+  for (int32_t i = 0; i < n_tr; i++) order[i] = i;
+  unsigned long long rs = seed * 0x9E3779B97F4A7C15ull + 1;
+  double t_start = kvl_cli_now(), t_saved = t_start;
+  int64_t first = kvl_distill_steps(d);
+  for (int64_t step = first; step < steps && !g_stop; step++) {
+    int64_t pos = step * batch;
+    double lr_t = step < warmup * steps ? lr * (step + 1) / (warmup * steps)
+                                        : lr * 0.5 * (1 + cos(M_PI * (step - warmup * steps) / ((1 - warmup) * steps)));
+    double kl_sum = 0, kl, gn;
+    for (int32_t b = 0; b < batch; b++, pos++) {
+      int32_t epoch = (int32_t)(pos / n_tr), i = (int32_t)(pos % n_tr);
+      if (i == 0) { /* reshuffle deterministically at each epoch start */
+        rs = (seed + 1ull) * 0x9E3779B97F4A7C15ull + (unsigned long long)epoch;
+        for (int32_t k = n_tr - 1; k > 0; k--) {
+          rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+          int32_t j = (int32_t)((rs >> 33) % (unsigned long long)(k + 1)), t = order[k];
+          order[k] = order[j];
+          order[j] = t;
+        }
+      }
+      if ((rc = kvl_distill_accumulate(d, &tr[order[i]], 1.0f / (float)batch, &kl)) < 0) break;
+      kl_sum += kl;
+    }
+    if (rc < 0) break;
+    kvl_distill_update(d, (float)lr_t, &gn);
+    fprintf(lg, "{\"step\":%lld,\"train_kl\":%.6f,\"grad_norm\":%.6f,\"lr\":%.3g,\"seconds\":%.1f", (long long)(step + 1),
+            kl_sum / batch, gn, lr_t, kvl_cli_now() - t_start);
+    if ((step + 1) % eval_every == 0 || step + 1 == steps) {
+      double hk = mean_kl(d, ev, n_ev);
+      fprintf(lg, ",\"heldout_kl\":%.6f", hk);
+      fprintf(stderr, "\rstep %lld: train KL %.4f, held-out KL %.4f (%.0f%% of the start)          \n", (long long)(step + 1),
+              kl_sum / batch, hk, 100 * hk / kl0);
+    }
+    fprintf(lg, "}\n");
+    fflush(lg);
+    kvl_cli_progress("distill", step + 1 - first, steps - first, t_start);
+    if (kvl_cli_now() - t_saved > save_every || g_stop) {
+      if (kvl_distill_save(d, ckpt, err, sizeof(err)) < 0) fprintf(stderr, "kvlingo distill: %s\n", err);
+      t_saved = kvl_cli_now();
+    }
+  }
+  free(order);
+  fclose(lg);
+  if (rc < 0) {
+    fprintf(stderr, "kvlingo distill: step failed (%s)\n", kvl_strerror(rc));
+    goto done;
+  }
+  if ((rc = kvl_distill_save(d, ckpt, err, sizeof(err))) < 0) {
+    fprintf(stderr, "kvlingo distill: %s\n", err);
+    goto done;
+  }
+  if (g_stop) {
+    fprintf(stderr, "stopped at step %lld; run the same command again to resume from %s\n", (long long)kvl_distill_steps(d), ckpt);
+    goto done;
+  }
+  /* the distilled translator: the init's fingerprints, the trained maps, provenance */
+  if ((rc = kvl_translator_new(&src.fp, &dst.fp, kvl_translator_affine(init), &out, err, sizeof(err))) == 0 &&
+      (rc = kvl_distill_export(d, out)) == 0) {
+    json_t *fit = json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:f,s:f,s:i,s:i}", "stage", "distill", "init", init_path,
+                            "steps", (int)kvl_distill_steps(d), "batch", batch, "samples", n_tr, "prefix", prefix,
+                            "cont", cont, "lr", lr, "warmup", warmup, "topk", topk, "seed", (int)seed);
+    char *js = json_dumps(fit, JSON_COMPACT);
+    kvl_translator_set_fit_json(out, js);
+    free(js);
+    json_decref(fit);
+    rc = kvl_translator_save(out, out_path, kvl_translator_dtype(init), err, sizeof(err));
+  }
+  if (rc < 0) fprintf(stderr, "kvlingo distill: %s\n", err);
+  else fprintf(stderr, "wrote %s (%lld steps)\n", out_path, (long long)kvl_distill_steps(d));
+done:
+  for (int32_t i = 0; i < n_tr; i++) kvl_distill_sample_free(&tr[i]);
+  for (int32_t i = 0; i < n_ev; i++) kvl_distill_sample_free(&ev[i]);
+  free(tr);
+  free(ev);
+  kvl_distill_free(d);
+  kvl_dense_free(dense);
+  kvl_translator_free(init);
+  kvl_translator_free(out);
+  kvl_cli_model_close(&src);
+  kvl_cli_model_close(&dst);
+  return rc < 0 ? 1 : 0;
+}
