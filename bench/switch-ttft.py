@@ -74,7 +74,13 @@ def main():
                 f"  - {{name: {large}, path: {large}, hot_mib: 3072, cold_mib: 512, max_model_len: {need + 64}}}\n"
                 "translators:\n" +
                 "".join(f"  - {ROOT}/translator/maps/{x}-to-{y}.safetensors\n" for x, y in ((small, large), (large, small))))
-    d = subprocess.Popen([a.kvlingod, "--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    def die_with_parent():  # the daemon goes when this script goes, however it ends
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    d = subprocess.Popen([a.kvlingod, "--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         preexec_fn=die_with_parent)
     line = d.stdout.readline()
     if not line.startswith("kvlingod listening"):
         sys.exit(f"kvlingod did not start: {line}")
