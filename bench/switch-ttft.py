@@ -59,7 +59,10 @@ def main():
     ap.add_argument("--directions", default="small-to-large,large-to-small")
     ap.add_argument("--append", action="store_true",
                     help="keep the results already in the output file for other history lengths")
+    ap.add_argument("--render-only", action="store_true", help="rewrite the table and plot from the JSON; measure nothing")
     a = ap.parse_args()
+    if a.render_only:
+        return render(json.load(open(os.path.join(a.out, "switch-ttft.json"))), a)
     contexts = [int(x) for x in a.contexts.split(",")]
     small, large = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
     need = max(contexts) + a.turn + 64
@@ -150,15 +153,26 @@ def main():
     with open(os.path.join(a.out, "switch-ttft.json"), "w") as f:
         json.dump(rep, f, indent=2)
         f.write("\n")
+    render(rep, a)
+
+
+def render(rep, a):
+    """switch-ttft.md and .png from the report (the JSON is the record)."""
+    results = rep["results"]
+    small, large = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
+    dirs = {"small-to-large": (small, large), "large-to-small": (large, small)}
     with open(os.path.join(a.out, "switch-ttft.md"), "w") as f:
+        turn = results[0].get("turn_tokens", a.turn) if results else a.turn
         f.write(f"# switch-ttft — {rep['date']} — git {rep['git']}\n\n{rep['machine']['cpu']}, "
                 f"{rep['machine']['cores']} cores; `{rep['command']}`\n\n"
                 "Time to first token after a switch, at the gRPC client: the history was written by the other "
-                f"model, then a {a.turn}-token user turn. Medians of {a.runs} runs.\n\n"
-                "| direction | history tokens | translated ms | re-prefill ms | speed-up |\n|---|---|---|---|---|\n")
+                f"model, then a {turn}-token user turn. Medians (± sd) over the runs.\n\n"
+                "| direction | history tokens | runs | translated ms | re-prefill ms | speed-up |\n"
+                "|---|---|---|---|---|---|\n")
         for r in results:
-            f.write(f"| {r['direction']} | {r['context_tokens']} | {r['translated_ms']:.0f} ± {r['translated_sd_ms']:.0f} "
-                    f"| {r['reprefill_ms']:.0f} ± {r['reprefill_sd_ms']:.0f} | **{r['value']:.1f}×** |\n")
+            f.write(f"| {r['direction']} | {r['context_tokens']} | {r['runs']} | {r['translated_ms']:.0f} ± "
+                    f"{r['translated_sd_ms']:.0f} | {r['reprefill_ms']:.0f} ± {r['reprefill_sd_ms']:.0f} | "
+                    f"**{r['value']:.1f}×** |\n")
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -527,13 +527,17 @@ static void open_sources(kvl_sched_t *s, struct req *r) {
   uint8_t *held = NULL; /* positions held natively by a model without a usable translator */
   for (int k = 0; k < s->n_models; k++) {
     if (k == mi || !s->models[k].pool) continue;
-    kvl_line_t *l = NULL;
+    struct xlat *x = xlat_find(s, k, mi);
+    bool usable = x && !r->no_translate && !x->st.gated;
+    kvl_line_t *l = NULL;           /* a source line of our own */
+    const kvl_line_t *seen = NULL;  /* or one only looked at (writers and tokens need no restore) */
     if (r->carry && r->carry_model == k) {
       l = r->carry;
       r->carry = NULL;
-    } else if (c && c->line[k] && (kvl_line_is_hot(c->line[k]) || kvl_line_restore(c->line[k]) == 0)) {
-      l = kvl_line_fork(c->line[k]);
-    } else {
+    } else if (c && c->line[k]) {
+      if (usable && (kvl_line_is_hot(c->line[k]) || kvl_line_restore(c->line[k]) == 0)) l = kvl_line_fork(c->line[k]);
+      else seen = c->line[k];
+    } else if (x) { /* without a translator for the pair its prefix index is not worth a lookup */
       l = kvl_line_new(s->models[k].pool);
       struct kvl_prefix_hit hit;
       if (l && (kvl_line_attach_prefix(l, r->seq, limit, KVL_REUSE_ANY, &hit) < 0 || hit.n_tokens <= r->computed)) {
@@ -541,10 +545,10 @@ static void open_sources(kvl_sched_t *s, struct req *r) {
         l = NULL;
       }
     }
-    if (!l) continue;
-    int32_t n = common_prefix(l, r->seq, limit);
-    struct xlat *x = xlat_find(s, k, mi);
-    if (n > r->computed && x && !r->no_translate && !x->st.gated) {
+    const kvl_line_t *any = l ? l : seen;
+    if (!any) continue;
+    int32_t n = common_prefix(any, r->seq, limit);
+    if (l && n > r->computed && usable) {
       r->src[k] = l;
       r->src_len[k] = n;
       r->sources_open = true;
@@ -552,7 +556,7 @@ static void open_sources(kvl_sched_t *s, struct req *r) {
     }
     if (n > r->computed && (held || (held = calloc((size_t)limit, 1))))
       for (int32_t p = r->computed; p < n; p++)
-        if (native_at(l, p)) held[p] |= x ? 2 : 1; /* 2: declined (asked, or gated); 1: no translator */
+        if (native_at(any, p)) held[p] |= x ? 2 : 1; /* 2: declined (asked, or gated); 1: no translator */
     kvl_line_free(l);
   }
   kvl_line_free(r->carry); /* a carry from a model that is gone */
