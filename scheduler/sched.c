@@ -744,14 +744,19 @@ static void uncertainty(const float *l, int32_t n, int32_t tok, float *h, float 
 /* KL(native || translated) of a shadow's next-token distribution (logits l) against the
  * translated request's (log-probs ref), folded into its translator's online estimate;
  * the gate closes when the estimate passes the bar. */
-static void shadow_measure(kvl_sched_t *s, int mi, struct req *r, const float *l, int32_t n) {
+/* log Σ exp(l): the log-partition, so that l[i] - it is log_softmax(l)[i]. */
+static double log_partition(const float *l, int32_t n) {
   float mx = -INFINITY;
   for (int32_t i = 0; i < n; i++) mx = l[i] > mx ? l[i] : mx;
   double z = 0;
   for (int32_t i = 0; i < n; i++) z += exp((double)l[i] - mx);
-  double lz = log(z), kl = 0;
+  return mx + log(z);
+}
+
+static void shadow_measure(kvl_sched_t *s, int mi, struct req *r, const float *l, int32_t n) {
+  double lz = log_partition(l, n), kl = 0;
   for (int32_t i = 0; i < n; i++) {
-    double ln = (double)l[i] - mx - lz;
+    double ln = (double)l[i] - lz;
     kl += exp(ln) * (ln - r->shadow_ref[i]);
   }
   free(r->shadow_ref);
@@ -777,12 +782,8 @@ static void shadow_maybe(kvl_sched_t *s, int mi, struct req *r, const float *l, 
   if (k == 0 || floor((double)k * x->gate.shadow_fraction) == floor((double)(k - 1) * x->gate.shadow_fraction)) return;
   float *ref = malloc((size_t)n * sizeof(float));
   if (!ref) return;
-  float mx = -INFINITY;
-  for (int32_t i = 0; i < n; i++) mx = l[i] > mx ? l[i] : mx;
-  double z = 0;
-  for (int32_t i = 0; i < n; i++) z += exp((double)l[i] - mx);
-  float lz = (float)log(z);
-  for (int32_t i = 0; i < n; i++) ref[i] = l[i] - mx - lz;
+  double lz = log_partition(l, n);
+  for (int32_t i = 0; i < n; i++) ref[i] = (float)((double)l[i] - lz);
   struct kvl_request q = {.model = mi, .prompt = r->seq, .n_prompt = r->n_prompt, .max_tokens = 1,
                           .priority = INT_MIN, .no_translate = true, .reuse = KVL_REUSE_NATIVE_ONLY};
   kvl_sampler_params_init(&q.sampling);

@@ -59,14 +59,10 @@ import yaml  # noqa: E402
 render = importlib.machinery.SourceFileLoader("kvl_helm_render", os.path.join(ROOT, "deploy", "helm", "render")) \
     .load_module()
 
-failed = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from harness import Checks  # noqa: E402
 
-
-def check(cond, what):
-    global failed
-    print(f"{'ok  ' if cond else 'FAIL'} {what}", flush=True)
-    failed += not cond
-    return cond
+check = Checks()
 
 
 KUBE_VERSIONS = ("1.30.0", "1.37.0")
@@ -330,4 +326,4 @@ else:
     print("skip nginx -t: nginx not installed")
 
 shutil.rmtree(tmpd, ignore_errors=True)
-sys.exit(1 if failed else 0)
+sys.exit(1 if check.failed else 0)

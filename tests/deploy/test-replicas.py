@@ -54,14 +54,10 @@ if not nginx:
 
 N_CONV, N_TURNS, N_REPLICAS = 30, 5, 3
 MODEL = "tiny"
-failed = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from harness import Checks  # noqa: E402
 
-
-def check(cond, what):
-    global failed
-    print(f"{'ok  ' if cond else 'FAIL'} {what}", flush=True)
-    failed += not cond
-    return cond
+check = Checks()
 
 
 def free_port():
@@ -465,11 +461,11 @@ try:
 except subprocess.TimeoutExpired:
     pass
 cleanup()
-if failed:
+if check.failed:
     for r in replicas:
         print(f"--- {r['id']} log tail\n{open(r['log']).read()[-1500:]}")
     print("--- nginx error log\n" + open(os.path.join(prefix, "logs", "error.log")).read()[-3000:])
 else:
     shutil.rmtree(tmp, ignore_errors=True)
 print(f"test-replicas: {time.time() - T0:.1f} s")
-sys.exit(1 if failed else 0)
+sys.exit(1 if check.failed else 0)

@@ -29,3 +29,4 @@ class Checks:
     def __call__(self, cond, what):
         print(f"{'ok  ' if cond else 'FAIL'} {what}", flush=True)
         self.failed += not cond
+        return cond

@@ -41,17 +41,11 @@ import grpc  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import load_protos  # noqa: E402
+from harness import Checks, load_protos  # noqa: E402
 
 pb, rpc, health_pb2, health_pb2_grpc = load_protos(proto_dir)
 
-failed = 0
-
-
-def check(cond, what):
-    global failed
-    print(f"{'ok  ' if cond else 'FAIL'} {what}", flush=True)
-    failed += not cond
+check = Checks()
 
 
 TOKEN, ADMIN = "s3cret-token", "admin-token"
@@ -369,6 +363,6 @@ rc = d.wait(timeout=120)
 check(all(r == (24, pb.FINISH_REASON_LENGTH) for r in results), f"SIGTERM: all 8 streams completed: {results}")
 check(refused and not_serving, "SIGTERM: new calls refused, health NOT_SERVING")
 check(rc == 0, f"SIGTERM: exit code {rc}")
-if failed:
+if check.failed:
     print(open(log.name).read()[-3000:])
-sys.exit(1 if failed else 0)
+sys.exit(1 if check.failed else 0)

@@ -223,6 +223,20 @@ static void test_handoffs(void) {
   printf("  cascade after 3 tokens: %d tokens equal to model 0 alone, %d positions translated\n", o.n, o.usage.translated);
   kvl_sched_free(s);
 
+  /* a bar the distribution never passes: no handoff, every token from model 0 */
+  s = sched_of(ms, 2, 64, 0, 64);
+  link_all(s, 2);
+  r = greedy(0, p, 40, 12, 0);
+  r.cascade.on = true;
+  r.cascade.to = 1;
+  r.cascade.window = 3;
+  r.cascade.max_mean_entropy = 1e6f;
+  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
+  CHECK_EQ_INT(o.usage.handoffs, 0);
+  CHECK_EQ_INT(o.usage.translated, 0);
+  CHECK(o.n == ref.n && o.models[o.n - 1] == 0);
+  kvl_sched_free(s);
+
   /* prefill_on: model 0 prefills, model 1 translates and decodes */
   s = sched_of(ms, 2, 64, 0, 16);
   link_all(s, 2);
@@ -394,7 +408,17 @@ static void test_stress(void) {
   printf("  %d turns over %d conversations: %d positions translated, %d handoffs, %d preemptions, %d conversations kept\n",
          turns, NC, translated, handoffs, preempt, (int)kvl_sched_conversations(s));
   CHECK(translated > 0 && handoffs > 0);
-  CHECK_EQ_INT(kvl_sched_conversation_drop(s, 1) == 0 || kvl_sched_conversation_drop(s, 1) == KVL_ENOENT, 1);
+  /* dropping a conversation frees its lines (the checker sees no lost block) and forgets it */
+  int32_t kept = kvl_sched_conversations(s);
+  int drc = kvl_sched_conversation_drop(s, 1);
+  CHECK(drc == 0 || drc == KVL_ENOENT);
+  CHECK_EQ_INT(kvl_sched_conversations(s), kept - (drc == 0));
+  CHECK_EQ_INT(kvl_sched_conversation_drop(s, 1), KVL_ENOENT);
+  for (int i = 0; i < 3; i++) CHECK(kvl_sched_conversation_line(s, 1, i) == NULL);
+  check_pools(s, 3);
+  CHECK_EQ_INT(kvl_sched_conversations_expire(s, -1), kept - (drc == 0));
+  CHECK_EQ_INT(kvl_sched_conversations(s), 0);
+  check_pools(s, 3);
   kvl_sched_free(s);
 }
 
