@@ -97,6 +97,111 @@ int kvl_distill_prepare(kvl_model_t *src, kvl_model_t *dst, const int32_t *ids, 
   return rc;
 }
 
+/* ---- the sample store ------------------------------------------------------------------- */
+
+#define SAMPLE_MAGIC "KVLSMPL1"
+#define SAMPLE_MAX_DIM (1 << 24)
+
+int kvl_distill_samples_save(const char *path, const char *key, const struct kvl_distill_sample *s, int32_t n,
+                             char *err, size_t errlen) {
+  char tmp[4200];
+  snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+  FILE *f = fopen(tmp, "wb");
+  if (!f) return kvl_errf(err, errlen, KVL_EIO, "sample store %s: %s", tmp, strerror(errno));
+  uint32_t klen = (uint32_t)strlen(key);
+  bool ok = fwrite(SAMPLE_MAGIC, 1, 8, f) == 8 && fwrite(&klen, sizeof(klen), 1, f) == 1 &&
+            fwrite(key, 1, klen, f) == klen && fwrite(&n, sizeof(n), 1, f) == 1;
+  for (int32_t i = 0; i < n && ok; i++) {
+    const struct kvl_distill_sample *x = &s[i];
+    int32_t dims[5] = {x->P, x->m, x->n_layer_src, x->w_src, x->k};
+    size_t kv = (size_t)x->n_layer_src * x->P * x->w_src, top = (size_t)x->m * x->k;
+    ok = fwrite(dims, sizeof(dims), 1, f) == 1 && fwrite(x->tokens, sizeof(int32_t), (size_t)x->m, f) == (size_t)x->m &&
+         fwrite(x->src_k, sizeof(uint16_t), kv, f) == kv && fwrite(x->src_v, sizeof(uint16_t), kv, f) == kv &&
+         fwrite(x->top_ids, sizeof(int32_t), top, f) == top && fwrite(x->top_lp, sizeof(float), top, f) == top;
+  }
+  if (fclose(f) != 0) ok = false;
+  if (!ok || rename(tmp, path) != 0) {
+    remove(tmp);
+    return kvl_errf(err, errlen, KVL_EIO, "sample store %s: write failed", path);
+  }
+  return 0;
+}
+
+/* Reads a store from f (closed here); `path` names it in errors. */
+static int load_stream(FILE *f, const char *path, const char *key, struct kvl_distill_sample **out, int32_t *n_out,
+                       char *err, size_t errlen) {
+  char magic[8];
+  uint32_t klen = 0;
+  int32_t n = 0;
+  /* the file's size bounds every count and allocation below */
+  long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+  if (size < 0 || fseek(f, 0, SEEK_SET) != 0) size = -1;
+  bool ok = size >= 0 && fread(magic, 1, 8, f) == 8 && !memcmp(magic, SAMPLE_MAGIC, 8) && fread(&klen, sizeof(klen), 1, f) == 1 &&
+            klen < 65536;
+  char *k = ok ? malloc((size_t)klen + 1) : NULL;
+  ok = ok && k && fread(k, 1, klen, f) == klen;
+  if (ok) k[klen] = 0;
+  if (ok && strcmp(k, key) != 0) {
+    free(k);
+    fclose(f);
+    return kvl_errf(err, errlen, KVL_EMISMATCH, "sample store %s: made for other options", path);
+  }
+  free(k);
+  ok = ok && fread(&n, sizeof(n), 1, f) == 1 && n >= 0 && n <= SAMPLE_MAX_DIM &&
+       (int64_t)n * 5 * (int64_t)sizeof(int32_t) <= (int64_t)size - ftell(f);
+  struct kvl_distill_sample *s = ok ? calloc((size_t)(n > 0 ? n : 1), sizeof(*s)) : NULL;
+  ok = ok && s;
+  int32_t got = 0;
+  for (; got < n && ok; got++) {
+    struct kvl_distill_sample *x = &s[got];
+    int32_t dims[5];
+    ok = fread(dims, sizeof(dims), 1, f) == 1;
+    for (int j = 0; j < 5 && ok; j++) ok = dims[j] > 0 && dims[j] <= SAMPLE_MAX_DIM;
+    if (!ok) break;
+    x->P = dims[0], x->m = dims[1], x->n_layer_src = dims[2], x->w_src = dims[3], x->k = dims[4];
+    size_t kv = (size_t)x->n_layer_src * x->P * x->w_src, top = (size_t)x->m * x->k;
+    ok = kv <= ((size_t)1 << 40) && top <= ((size_t)1 << 40) &&
+         (size_t)x->m * 4 + kv * 4 + top * 8 <= (size_t)(size - ftell(f));
+    x->tokens = ok ? malloc((size_t)x->m * sizeof(int32_t)) : NULL;
+    x->src_k = ok ? malloc(kv * sizeof(uint16_t)) : NULL;
+    x->src_v = ok ? malloc(kv * sizeof(uint16_t)) : NULL;
+    x->top_ids = ok ? malloc(top * sizeof(int32_t)) : NULL;
+    x->top_lp = ok ? malloc(top * sizeof(float)) : NULL;
+    ok = ok && x->tokens && x->src_k && x->src_v && x->top_ids && x->top_lp &&
+         fread(x->tokens, sizeof(int32_t), (size_t)x->m, f) == (size_t)x->m &&
+         fread(x->src_k, sizeof(uint16_t), kv, f) == kv && fread(x->src_v, sizeof(uint16_t), kv, f) == kv &&
+         fread(x->top_ids, sizeof(int32_t), top, f) == top && fread(x->top_lp, sizeof(float), top, f) == top;
+  }
+  ok = ok && fgetc(f) == EOF;
+  fclose(f);
+  if (!ok) {
+    for (int32_t i = 0; s && i < got + 1 && i < n; i++) kvl_distill_sample_free(&s[i]);
+    free(s);
+    return kvl_errf(err, errlen, KVL_EFORMAT, "sample store %s: truncated or not a sample store", path);
+  }
+  *out = s;
+  *n_out = n;
+  return 0;
+}
+
+int kvl_distill_samples_load(const char *path, const char *key, struct kvl_distill_sample **out, int32_t *n_out,
+                             char *err, size_t errlen) {
+  *out = NULL;
+  *n_out = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f) return kvl_errf(err, errlen, KVL_ENOENT, "sample store %s: %s", path, strerror(errno));
+  return load_stream(f, path, key, out, n_out, err, errlen);
+}
+
+int kvl_distill_samples_load_mem(const void *data, size_t len, const char *key, struct kvl_distill_sample **out,
+                                 int32_t *n_out, char *err, size_t errlen) {
+  *out = NULL;
+  *n_out = 0;
+  FILE *f = len ? fmemopen((void *)data, len, "rb") : NULL;
+  if (!f) return kvl_errf(err, errlen, KVL_EFORMAT, "sample store <memory>: empty");
+  return load_stream(f, "<memory>", key, out, n_out, err, errlen);
+}
+
 /* ---- the trainable maps ------------------------------------------------------------------ */
 
 struct pmap {
@@ -205,6 +310,10 @@ static int run(kvl_distill_t *d, const struct kvl_distill_sample *s, float scale
   const kvl_model_t *tm = kvl_dense_model(d->target);
   const int32_t V = kvl_model_hparams(tm)->n_vocab, KVH = d->fp_dst.n_kv_head;
   if (s->n_layer_src != d->fp_src.n_layer || s->w_src != d->w_src) return KVL_EMISMATCH;
+  for (int32_t i = 0; i < m; i++)
+    if (s->tokens[i] < 0 || s->tokens[i] >= V) return KVL_EFORMAT;
+  for (int64_t i = 0; i < (int64_t)m * s->k; i++)
+    if (s->top_ids[i] < 0 || s->top_ids[i] >= V) return KVL_EFORMAT;
   int64_t max_rows = 0;
   for (int32_t i = 0; i < 2 * L; i++) max_rows = d->maps[i].rows > max_rows ? d->maps[i].rows : max_rows;
   float **pk = calloc((size_t)L, sizeof(float *)), **pv = calloc((size_t)L, sizeof(float *));

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -32,7 +33,10 @@ static void usage(FILE *f) {
     "  -o, --out FILE         the distilled translator (safetensors)\n"
     "      --corpus FILE      corpus split (default translator/corpus/split.tsv)\n"
     "      --samples N        training samples from the fit split (default 256)\n"
-    "      --eval-samples N   held-out samples for the KL curve (default 16, validation split)\n"
+    "      --eval-samples N   held-out samples per domain (code, prose) for the KL curve\n"
+    "                         (default 12, validation split)\n"
+    "      --sample-dir DIR   the sample store: prepared samples are kept there and reused by\n"
+    "                         every run with the same options (default ~/.cache/kvlingo/distill)\n"
     "      --prefix N         prefix tokens per sample (default 256)\n"
     "      --cont N           continuation tokens scored (default 32)\n"
     "      --topk K           target log-probs kept per position (default 64)\n"
@@ -59,27 +63,50 @@ static void on_signal(int s) {
   g_stop = 1;
 }
 
+/* Samples of one split (and domain) from the sample store, or prepared and stored there. */
 static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const char *corpus, const char *split,
-                   int32_t want, int32_t prefix, int32_t cont, int32_t topk, struct kvl_distill_sample **out,
-                   int32_t *n_out, char *err, size_t errlen) {
-  struct kvl_corpus_opts co = {.split_tsv = corpus, .split = split, .domain = NULL, .ctx = prefix + cont,
+                   const char *domain, const char *store_dir, int32_t want, int32_t prefix, int32_t cont, int32_t topk,
+                   struct kvl_distill_sample **out, int32_t *n_out, char *err, size_t errlen) {
+  char key[1024], path[4400], what[32];
+  struct stat st;
+  snprintf(key, sizeof(key), "src=%s:%s dst=%s:%s corpus=%s:%lld split=%s domain=%s n=%d prefix=%d cont=%d topk=%d",
+           src->short_name, src->fp.tokenizer_hash, dst->short_name, dst->fp.tokenizer_hash, corpus,
+           stat(corpus, &st) == 0 ? (long long)st.st_size : -1LL, split, domain ? domain : "all", want, prefix, cont,
+           topk);
+  snprintf(path, sizeof(path), "%s/%s-to-%s.%s%s%s.n%d-p%d-c%d-k%d.samples", store_dir, src->short_name,
+           dst->short_name, split, domain ? "-" : "", domain ? domain : "", want, prefix, cont, topk);
+  snprintf(what, sizeof(what), "%s%s%s", split, domain ? " " : "", domain ? domain : "");
+  int rc = kvl_distill_samples_load(path, key, out, n_out, err, errlen);
+  if (rc == 0) {
+    fprintf(stderr, "%s: %d samples from %s\n", what, *n_out, path);
+    return 0;
+  }
+  if (rc != KVL_ENOENT) fprintf(stderr, "%s; preparing them again\n", err);
+  struct kvl_corpus_opts co = {.split_tsv = corpus, .split = split, .domain = domain, .ctx = prefix + cont,
                                .min_tokens = prefix + cont, .max_per_file = 4,
                                .max_tokens = (int64_t)(prefix + cont) * want, .chat_every = 4, .chat_model = dst->m};
   struct kvl_sample *smp;
   int32_t n;
-  int rc = kvl_corpus_samples(&co, dst->tk, &smp, &n, err, errlen);
+  rc = kvl_corpus_samples(&co, dst->tk, &smp, &n, err, errlen);
   if (rc < 0) return rc;
   if (n > want) n = want;
   *out = calloc((size_t)(n > 0 ? n : 1), sizeof(**out));
   double t0 = kvl_cli_now();
   for (int32_t i = 0; i < n && rc == 0; i++) {
     rc = kvl_distill_prepare(src->m, dst->m, smp[i].ids, prefix, cont, topk, &(*out)[i], err, errlen);
-    kvl_cli_progress(split, i + 1, n, t0);
+    kvl_cli_progress(what, i + 1, n, t0);
   }
   kvl_samples_free(smp, n);
   *n_out = n;
+  if (rc == 0) {
+    mkdir(store_dir, 0755); /* one level: the default's parent is the model cache's */
+    if (kvl_distill_samples_save(path, key, *out, n, err, errlen) < 0) fprintf(stderr, "kvlingo distill: %s (not stored)\n", err);
+    else fprintf(stderr, "%s: stored in %s\n", what, path);
+  }
   return rc;
 }
+
+static const char *const k_domains[2] = {"code", "prose"};
 
 static double mean_kl(kvl_distill_t *d, struct kvl_distill_sample *s, int32_t n) {
   double sum = 0, kl;
@@ -91,11 +118,12 @@ static double mean_kl(kvl_distill_t *d, struct kvl_distill_sample *s, int32_t n)
 int kvl_cli_distill(int argc, char **argv) {
   const char *src_arg = NULL, *dst_arg = NULL, *init_path = NULL, *out_path = NULL, *ckpt = NULL, *log_path = NULL;
   const char *corpus = "translator/corpus/split.tsv"; /* relative to the checkout, like fit and eval */
-  int32_t n_train = 256, n_eval = 16, prefix = 256, cont = 32, topk = 64, steps = 200, batch = 8, eval_every = 25;
+  const char *sample_dir = NULL;
+  int32_t n_train = 256, n_eval = 12, prefix = 256, cont = 32, topk = 64, steps = 200, batch = 8, eval_every = 25;
   double lr = 3e-5, warmup = 0.05, clip = 1.0, save_every = 300;
   unsigned seed = 1;
   enum { O_INIT = 1000, O_CORPUS, O_SAMPLES, O_EVAL_SAMPLES, O_PREFIX, O_CONT, O_TOPK, O_STEPS, O_BATCH, O_LR,
-         O_WARMUP, O_CLIP, O_EVAL_EVERY, O_SEED, O_CKPT, O_SAVE_EVERY, O_LOG };
+         O_WARMUP, O_CLIP, O_EVAL_EVERY, O_SEED, O_CKPT, O_SAVE_EVERY, O_LOG, O_SAMPLE_DIR };
   static const struct option opts[] = {
     {"source", required_argument, 0, 's'}, {"target", required_argument, 0, 't'}, {"init", required_argument, 0, O_INIT},
     {"out", required_argument, 0, 'o'}, {"corpus", required_argument, 0, O_CORPUS},
@@ -106,7 +134,7 @@ int kvl_cli_distill(int argc, char **argv) {
     {"warmup", required_argument, 0, O_WARMUP}, {"clip", required_argument, 0, O_CLIP},
     {"eval-every", required_argument, 0, O_EVAL_EVERY}, {"seed", required_argument, 0, O_SEED},
     {"checkpoint", required_argument, 0, O_CKPT}, {"save-every", required_argument, 0, O_SAVE_EVERY},
-    {"log", required_argument, 0, O_LOG}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    {"log", required_argument, 0, O_LOG}, {"sample-dir", required_argument, 0, O_SAMPLE_DIR}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "s:t:o:h", opts, NULL)) != -1) {
@@ -131,6 +159,7 @@ int kvl_cli_distill(int argc, char **argv) {
     case O_CKPT: ckpt = optarg; break;
     case O_SAVE_EVERY: save_every = atof(optarg); break;
     case O_LOG: log_path = optarg; break;
+    case O_SAMPLE_DIR: sample_dir = optarg; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -146,13 +175,17 @@ int kvl_cli_distill(int argc, char **argv) {
   char ckpt_buf[4200], log_buf[4200];
   if (!ckpt) { snprintf(ckpt_buf, sizeof(ckpt_buf), "%s.ckpt", out_path); ckpt = ckpt_buf; }
   if (!log_path) { snprintf(log_buf, sizeof(log_buf), "%s.log.jsonl", out_path); log_path = log_buf; }
-  char err[1024];
+  char err[1024], dir_buf[4200];
+  if (!sample_dir) {
+    snprintf(dir_buf, sizeof(dir_buf), "%s/.cache/kvlingo/distill", getenv("HOME") ? getenv("HOME") : ".");
+    sample_dir = dir_buf;
+  }
   struct kvl_cli_model src = {0}, dst = {0};
   kvl_translator_t *init = NULL, *out = NULL;
   kvl_dense_t *dense = NULL;
   kvl_distill_t *d = NULL;
-  struct kvl_distill_sample *tr = NULL, *ev = NULL;
-  int32_t n_tr = 0, n_ev = 0;
+  struct kvl_distill_sample *tr = NULL, *ev[2] = {NULL, NULL};
+  int32_t n_tr = 0, n_ev[2] = {0, 0};
   int rc = kvl_cli_model_open(&src, src_arg, err, sizeof(err));
   if (rc == 0) rc = kvl_cli_model_open(&dst, dst_arg, err, sizeof(err));
   if (rc == 0) rc = kvl_translator_load(init_path, &init, err, sizeof(err));
@@ -164,15 +197,18 @@ int kvl_cli_distill(int argc, char **argv) {
   }
   if (rc == 0)
     rc = kvl_distill_new(init, dense, &(struct kvl_distill_opts){.clip = (float)clip}, &d, err, sizeof(err));
-  if (rc == 0) rc = prepare(&src, &dst, corpus, "fit", n_train, prefix, cont, topk, &tr, &n_tr, err, sizeof(err));
-  if (rc == 0) rc = prepare(&src, &dst, corpus, "val", n_eval, prefix, cont, topk, &ev, &n_ev, err, sizeof(err));
+  if (rc == 0)
+    rc = prepare(&src, &dst, corpus, "fit", NULL, sample_dir, n_train, prefix, cont, topk, &tr, &n_tr, err, sizeof(err));
+  for (int j = 0; j < 2 && rc == 0; j++)
+    rc = prepare(&src, &dst, corpus, "val", k_domains[j], sample_dir, n_eval, prefix, cont, topk, &ev[j], &n_ev[j], err,
+                 sizeof(err));
   if (rc < 0) {
     fprintf(stderr, "kvlingo distill: %s\n", err);
     goto done;
   }
   fprintf(stderr, "%s -> %s: %lld parameters; %d training samples, %d held-out (prefix %d, %d scored); dense copy %.1f GiB; "
                   "samples %.1f MiB; prepared in %.0f s\n",
-          src.short_name, dst.short_name, (long long)kvl_distill_params(d), n_tr, n_ev, prefix, cont,
+          src.short_name, dst.short_name, (long long)kvl_distill_params(d), n_tr, n_ev[0] + n_ev[1], prefix, cont,
           kvl_dense_bytes(dense) / 1073741824.0, n_tr ? (double)kvl_distill_sample_bytes(&tr[0]) * n_tr / 1048576.0 : 0,
           kvl_cli_now() - t0);
   if (access(ckpt, R_OK) == 0) {
@@ -190,12 +226,20 @@ int kvl_cli_distill(int argc, char **argv) {
   }
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
-  double kl0 = mean_kl(d, ev, n_ev);
+  double hk_code = mean_kl(d, ev[0], n_ev[0]), hk_prose = mean_kl(d, ev[1], n_ev[1]), kl0 = (hk_code + hk_prose) / 2;
   if (kvl_distill_steps(d) == 0) {
-    fprintf(lg, "{\"step\":0,\"heldout_kl\":%.6f}\n", kl0);
+    fprintf(lg, "{\"step\":0,\"heldout_kl\":%.6f,\"heldout_kl_code\":%.6f,\"heldout_kl_prose\":%.6f}\n", kl0, hk_code,
+            hk_prose);
     fflush(lg);
   }
-  fprintf(stderr, "held-out KL at step %lld: %.4f\n", (long long)kvl_distill_steps(d), kl0);
+  fprintf(stderr, "held-out KL at step %lld: %.4f (code %.4f, prose %.4f)\n", (long long)kvl_distill_steps(d), kl0,
+          hk_code, hk_prose);
+  if (kvl_distill_steps(d) > 0) { /* percentages against the start of the run, from its log */
+    json_t *first = json_load_file(log_path, JSON_DISABLE_EOF_CHECK, NULL);
+    double k = json_number_value(json_object_get(first, "heldout_kl"));
+    if (k > 0) kl0 = k;
+    json_decref(first);
+  }
   /* a fixed permutation per epoch from the seed: the same run for the same seed */
   int32_t *order = malloc((size_t)n_tr * sizeof(int32_t));
   for (int32_t i = 0; i < n_tr; i++) order[i] = i;
@@ -226,10 +270,12 @@ int kvl_cli_distill(int argc, char **argv) {
     fprintf(lg, "{\"step\":%lld,\"train_kl\":%.6f,\"grad_norm\":%.6f,\"lr\":%.3g,\"seconds\":%.1f", (long long)(step + 1),
             kl_sum / batch, gn, lr_t, kvl_cli_now() - t_start);
     if ((step + 1) % eval_every == 0 || step + 1 == steps) {
-      double hk = mean_kl(d, ev, n_ev);
-      fprintf(lg, ",\"heldout_kl\":%.6f", hk);
-      fprintf(stderr, "\rstep %lld: train KL %.4f, held-out KL %.4f (%.0f%% of the start)          \n", (long long)(step + 1),
-              kl_sum / batch, hk, 100 * hk / kl0);
+      hk_code = mean_kl(d, ev[0], n_ev[0]);
+      hk_prose = mean_kl(d, ev[1], n_ev[1]);
+      double hk = (hk_code + hk_prose) / 2;
+      fprintf(lg, ",\"heldout_kl\":%.6f,\"heldout_kl_code\":%.6f,\"heldout_kl_prose\":%.6f", hk, hk_code, hk_prose);
+      fprintf(stderr, "\rstep %lld: train KL %.4f, held-out KL %.4f (code %.4f, prose %.4f; %.0f%% of the start)     \n",
+              (long long)(step + 1), kl_sum / batch, hk, hk_code, hk_prose, 100 * hk / kl0);
     }
     fprintf(lg, "}\n");
     fflush(lg);
@@ -269,9 +315,11 @@ int kvl_cli_distill(int argc, char **argv) {
   else fprintf(stderr, "wrote %s (%lld steps)\n", out_path, (long long)kvl_distill_steps(d));
 done:
   for (int32_t i = 0; i < n_tr; i++) kvl_distill_sample_free(&tr[i]);
-  for (int32_t i = 0; i < n_ev; i++) kvl_distill_sample_free(&ev[i]);
+  for (int j = 0; j < 2; j++) {
+    for (int32_t i = 0; i < n_ev[j]; i++) kvl_distill_sample_free(&ev[j][i]);
+    free(ev[j]);
+  }
   free(tr);
-  free(ev);
   kvl_distill_free(d);
   kvl_dense_free(dense);
   kvl_translator_free(init);

@@ -5,6 +5,9 @@
  * the data never excites stay free). Checkpoints
  * round-trip exactly; a checkpoint of other shapes is refused. */
 #include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "../kvl_test.h"
 #include "../tiny_fingerprint.h"
@@ -67,6 +70,38 @@ int main(void) {
     CHECK_EQ_INT(kvl_distill_prepare(m, m, ids, PREFIX, CONT, 16, i < NTRAIN ? &tr[i] : &te[i - NTRAIN], err, sizeof(err)), 0);
   }
   CHECK(kvl_distill_sample_bytes(&tr[0]) > 0);
+  /* the sample store: a round trip is exact; another key, a truncated file, a missing one
+   * are refused by name */
+  {
+    const char *sp = "test-distill.samples";
+    struct kvl_distill_sample *ls;
+    int32_t ln;
+    CHECK_EQ_INT(kvl_distill_samples_save(sp, "k=1", te, NTEST, err, sizeof(err)), 0);
+    CHECK_EQ_INT(kvl_distill_samples_load(sp, "k=1", &ls, &ln, err, sizeof(err)), 0);
+    CHECK_EQ_INT(ln, NTEST);
+    for (int i = 0; i < ln && i < NTEST; i++) {
+      const struct kvl_distill_sample *a = &te[i], *b = &ls[i];
+      size_t kv = (size_t)a->n_layer_src * a->P * a->w_src, top = (size_t)a->m * a->k;
+      CHECK(a->P == b->P && a->m == b->m && a->n_layer_src == b->n_layer_src && a->w_src == b->w_src && a->k == b->k);
+      CHECK(!memcmp(a->tokens, b->tokens, (size_t)a->m * 4) && !memcmp(a->src_k, b->src_k, kv * 2) &&
+            !memcmp(a->src_v, b->src_v, kv * 2) && !memcmp(a->top_ids, b->top_ids, top * 4) &&
+            !memcmp(a->top_lp, b->top_lp, top * 4));
+      kvl_distill_sample_free(&ls[i]);
+    }
+    free(ls);
+    CHECK_EQ_INT(kvl_distill_samples_load(sp, "k=2", &ls, &ln, err, sizeof(err)), KVL_EMISMATCH);
+    CHECK_STR_CONTAINS(err, sp);
+    FILE *f = fopen(sp, "r+b");
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fclose(f);
+    CHECK(truncate(sp, len - 3) == 0);
+    CHECK_EQ_INT(kvl_distill_samples_load(sp, "k=1", &ls, &ln, err, sizeof(err)), KVL_EFORMAT);
+    CHECK_STR_CONTAINS(err, sp);
+    CHECK(ls == NULL && ln == 0);
+    remove(sp);
+    CHECK_EQ_INT(kvl_distill_samples_load(sp, "k=1", &ls, &ln, err, sizeof(err)), KVL_ENOENT);
+  }
   kvl_dense_t *dense;
   CHECK_EQ_INT(kvl_dense_new(m, &dense, err, sizeof(err)), 0);
   /* the true identity scores ~0: the samples and the target agree */

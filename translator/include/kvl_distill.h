@@ -50,6 +50,20 @@ void kvl_distill_sample_free(struct kvl_distill_sample *s);
 /* Bytes a prepared sample holds. */
 size_t kvl_distill_sample_bytes(const struct kvl_distill_sample *s);
 
+/* The sample store: prepared samples on disk ("KVLSMPL1", a key string, the count, then
+ * each sample's fields), so that a run and every resumption of it prepare them once.
+ * `key` names what the samples were made from (models, corpus, split, n, m, k); load
+ * returns KVL_ENOENT for a missing file and KVL_EMISMATCH for another key, and refuses a
+ * truncated or inconsistent file by name (KVL_EFORMAT). Save writes a temporary file and
+ * renames it. */
+int kvl_distill_samples_save(const char *path, const char *key, const struct kvl_distill_sample *s, int32_t n,
+                             char *err, size_t errlen);
+int kvl_distill_samples_load(const char *path, const char *key, struct kvl_distill_sample **out, int32_t *n_out,
+                             char *err, size_t errlen);
+/* The same from memory (the fuzz target's entry). */
+int kvl_distill_samples_load_mem(const void *data, size_t len, const char *key, struct kvl_distill_sample **out,
+                                 int32_t *n_out, char *err, size_t errlen);
+
 struct kvl_distill_opts {
   float beta1, beta2, eps;   /* AdamW; defaults 0.9, 0.999, 1e-8 */
   float weight_decay;        /* decoupled, towards 0; default 0 (the recipe: none) */
