@@ -364,6 +364,16 @@ int kvl_cli_eval(int argc, char **argv) {
       json_object_set_new(o, "gain16_over_floor", stat_json(diff, n_samples, reps, 11));
       for (int j = 0; j < n_samples; j++) diff[j] = nat_nll[s][j] - tr[i].nll[j];
       json_object_set_new(o, "gain_over_source", stat_json(diff, n_samples, reps, 12));
+      for (int j = 0; j < n_samples; j++) diff[j] = nat_nll16[s][j] - tr[i].nll16[j];
+      json_object_set_new(o, "gain16_over_source", stat_json(diff, n_samples, reps, 13));
+      /* the share of the no-context → native gap the translated cache closes (ratio of means) */
+      double fl = 0, nat = 0, tn = 0;
+      for (int j = 0; j < n_samples; j++) {
+        fl += fl_nll[t][j];
+        nat += nat_nll[t][j];
+        tn += tr[i].nll[j];
+      }
+      json_object_set_new(o, "gap_closed", json_real(fl > nat ? (fl - tn) / (fl - nat) : 0));
       json_object_set_new(json_object_get(json_object_get(trj, tr[i].name), "domains"), dom, o);
     }
     free(diff);
@@ -397,8 +407,9 @@ int kvl_cli_eval(int argc, char **argv) {
     json_t *o;
     json_object_foreach(json_object_get(e, "domains"), dn, o) {
       json_t *d = json_object();
-      static const char *const keys[] = {"kl", "dlnppl", "nll16", "gain16_over_floor", "agree"};
-      for (int k = 0; k < 5; k++)
+      static const char *const keys[] = {"kl", "dlnppl", "nll16", "gain16_over_floor", "gain16_over_source",
+                                         "agree"};
+      for (int k = 0; k < 6; k++)
         json_object_set(d, keys[k], json_object_get(o, keys[k]));
       json_object_set_new(sc, dn, d);
     }
@@ -436,7 +447,8 @@ int kvl_cli_eval(int argc, char **argv) {
       }
     }
     fprintf(f, "\n| translator | domain | NLL | Δ ln PPL vs native | KL(native‖transl.) | first16 NLL | "
-               "first16 gain over floor | greedy agree |\n|---|---|---|---|---|---|---|---|\n");
+               "first16 gain over floor | first16 gain over the source on its own | gap closed | greedy agree |\n"
+               "|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nt; i++) {
       json_t *ds = json_object_get(json_object_get(trj, tr[i].name), "domains");
       const char *dn;
@@ -445,10 +457,12 @@ int kvl_cli_eval(int argc, char **argv) {
 #define MEAN(k) json_real_value(json_object_get(json_object_get(o, k), "mean"))
 #define LO(k) json_real_value(json_object_get(json_object_get(o, k), "lo"))
 #define HI(k) json_real_value(json_object_get(json_object_get(o, k), "hi"))
-        fprintf(f, "| %s | %s | %.3f | %.3f [%.3f, %.3f] | %.3f [%.3f, %.3f] | %.3f | %.3f [%.3f, %.3f] | %.2f |\n",
+        fprintf(f, "| %s | %s | %.3f | %.3f [%.3f, %.3f] | %.3f [%.3f, %.3f] | %.3f | %.3f [%.3f, %.3f] | "
+                   "%.3f [%.3f, %.3f] | %.0f%% | %.2f |\n",
                 tr[i].name, dn, MEAN("nll"), MEAN("dlnppl"), LO("dlnppl"), HI("dlnppl"), MEAN("kl"), LO("kl"),
                 HI("kl"), MEAN("nll16"), MEAN("gain16_over_floor"), LO("gain16_over_floor"),
-                HI("gain16_over_floor"), MEAN("agree"));
+                HI("gain16_over_floor"), MEAN("gain16_over_source"), LO("gain16_over_source"),
+                HI("gain16_over_source"), 100 * json_real_value(json_object_get(o, "gap_closed")), MEAN("agree"));
       }
     }
     fclose(f);
