@@ -349,7 +349,8 @@ static double num(json_t *o, const char *k, double def, bool *present) {
 static enum kvld_status openai_start(struct hconn *c, char *msg, size_t msglen) {
   struct kvld *d = c->h->d;
   json_error_t je;
-  json_t *j = json_loadb(c->body ? c->body : "", c->len, 0, &je);
+  /* JSON_ALLOW_NUL: "\u0000" in a prompt is text like any other (the daemon writes it in answers) */
+  json_t *j = json_loadb(c->body ? c->body : "", c->len, JSON_ALLOW_NUL, &je);
   if (!j || !json_is_object(j)) {
     snprintf(msg, msglen, "the body is not a JSON object (%s)", j ? "not an object" : je.text);
     json_decref(j);
@@ -472,6 +473,8 @@ static enum kvld_status openai_start(struct hconn *c, char *msg, size_t msglen) 
   if ((st = kvld_check_sampling(d, &p, msg, msglen)) != KVLD_OK) goto fail;
   struct kvld_model *m = &d->models[p.model];
   p.ignore_eos = json_is_true(json_object_get(j, "ignore_eos"));
+  /* kvlingo's extension, as gRPC's GenerateRequest.reprefill: prefill instead of translating */
+  p.reprefill = json_is_true(json_object_get(j, "reprefill"));
   json_t *stop = json_object_get(j, "stop");
   size_t ns = json_is_string(stop) ? 1 : json_is_array(stop) ? json_array_size(stop) : 0;
   const char **strs = calloc(ns + 1, sizeof(char *));

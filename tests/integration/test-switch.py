@@ -273,6 +273,26 @@ with urllib.request.urlopen(req, timeout=60) as r:
     body = json.loads(r.read())
     check(r.headers.get("x-kvlingo-replica") == "pin" and body["kvlingo"]["replica"] == "pin" and
           body["kvlingo"]["route"]["decision"] == "pinned", "HTTP: x-kvlingo-replica header and the kvlingo extension")
+def http_complete(hport, body, conv):
+    req = urllib.request.Request(f"http://127.0.0.1:{hport}/v1/completions", method="POST",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", "x-kvlingo-conversation": conv})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+# HTTP's reprefill: the large model prefills what the small one holds instead of translating it
+http_complete(hc, {"model": "small", "prompt": prompt, "max_tokens": 1}, "rp-1")
+k = http_complete(hc, {"model": "large", "prompt": prompt + [5, 6], "max_tokens": 1, "reprefill": True},
+                  "rp-1")["kvlingo"]["usage"]
+http_complete(hc, {"model": "small", "prompt": prompt, "max_tokens": 1}, "rp-2")
+k2 = http_complete(hc, {"model": "large", "prompt": prompt + [5, 6], "max_tokens": 1}, "rp-2")["kvlingo"]["usage"]
+check(k["translated_tokens"] == 0 and k["declined_tokens"] > 0 and k2["translated_tokens"] > 0,
+      f"HTTP reprefill: true declines translation ({k['declined_tokens']} positions prefilled), without it "
+      f"{k2['translated_tokens']} are translated")
+# a NUL in a prompt is text (the daemon writes U+0000 in answers; jansson refuses it unless asked)
+nul = http_complete(hc, {"model": "small", "prompt": "a\u0000b", "max_tokens": 1}, "")
+check(nul["usage"]["prompt_tokens"] >= 2, f"HTTP: a prompt with U+0000 is accepted ({nul['usage']['prompt_tokens']} tokens)")
 fam = metrics(hp)
 check(mval(fam, "kvlingo:conversations_started_total") == 2 and mval(fam, "kvlingo:conversation_turns_total") == 3 and
       mval(fam, "kvlingo:conversations_active") == 2, "conversation counters: 2 started, 3 turns, 2 active")
