@@ -147,9 +147,15 @@ int kvl_corpus_samples(const struct kvl_corpus_opts *o, const kvl_tokenizer_t *t
         size_t b0 = char_start(text, (size_t)(t0 * bytes_per_tok));
         size_t b1 = (size_t)((t0 + tn) * bytes_per_tok);
         b1 = b1 >= len ? len : char_start(text, b1);
-        int32_t *cid;
-        size_t cn;
+        int32_t *cid = NULL;
+        size_t cn = 0;
         if (b1 > b0 + 64 && chat_sample(tmpl, tk, text, b0, b1, &cid, &cn, err, errlen) == 0) {
+          if (cn < (size_t)o->min_tokens) { /* the byte estimate fell short: the plain sample instead */
+            free(cid);
+            cid = NULL;
+          }
+        }
+        if (cid) {
           s->ids = cid;
           s->n = (int32_t)(cn < (size_t)o->ctx ? cn : (size_t)o->ctx);
           s->chat = true;

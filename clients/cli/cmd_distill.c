@@ -93,6 +93,11 @@ static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const c
   *out = calloc((size_t)(n > 0 ? n : 1), sizeof(**out));
   double t0 = kvl_cli_now();
   for (int32_t i = 0; i < n && rc == 0; i++) {
+    if (smp[i].n < prefix + cont) { /* the corpus guarantees min_tokens; never read past a sample */
+      rc = kvl_errf(err, errlen, KVL_EFORMAT, "corpus sample %d of %s has %d tokens, %d needed", i, what, smp[i].n,
+                    prefix + cont);
+      break;
+    }
     rc = kvl_distill_prepare(src->m, dst->m, smp[i].ids, prefix, cont, topk, &(*out)[i], err, errlen);
     kvl_cli_progress(what, i + 1, n, t0);
   }
