@@ -239,11 +239,19 @@ int kvl_cli_distill(int argc, char **argv) {
   }
   fprintf(stderr, "held-out KL at step %lld: %.4f (code %.4f, prose %.4f)\n", (long long)kvl_distill_steps(d), kl0,
           hk_code, hk_prose);
+  double t_before = 0; /* seconds the run took before this resumption (its log's last record) */
   if (kvl_distill_steps(d) > 0) { /* percentages against the start of the run, from its log */
-    json_t *first = json_load_file(log_path, JSON_DISABLE_EOF_CHECK, NULL);
-    double k = json_number_value(json_object_get(first, "heldout_kl"));
-    if (k > 0) kl0 = k;
-    json_decref(first);
+    FILE *lf = fopen(log_path, "r");
+    char line[1024];
+    for (int first = 1; lf && fgets(line, sizeof(line), lf); first = 0) {
+      json_t *r = json_loads(line, 0, NULL);
+      double k = json_number_value(json_object_get(r, "heldout_kl"));
+      if (first && k > 0) kl0 = k;
+      if (json_integer_value(json_object_get(r, "step")) <= kvl_distill_steps(d) && json_object_get(r, "seconds"))
+        t_before = json_number_value(json_object_get(r, "seconds"));
+      json_decref(r);
+    }
+    if (lf) fclose(lf);
   }
   /* a fixed permutation per epoch from the seed: the same run for the same seed */
   int32_t *order = malloc((size_t)n_tr * sizeof(int32_t));
@@ -253,7 +261,7 @@ int kvl_cli_distill(int argc, char **argv) {
   int64_t first = kvl_distill_steps(d);
   for (int64_t step = first; step < steps && !g_stop; step++) {
     int64_t pos = step * batch;
-    double lr_t = step < warmup * steps ? lr * (step + 1) / (warmup * steps)
+    double lr_t = step < warmup * steps ? lr * fmin(1.0, (step + 1) / (warmup * steps))
                                         : lr * 0.5 * (1 + cos(M_PI * (step - warmup * steps) / ((1 - warmup) * steps)));
     double kl_sum = 0, kl, gn;
     for (int32_t b = 0; b < batch; b++, pos++) {
@@ -272,8 +280,8 @@ int kvl_cli_distill(int argc, char **argv) {
     }
     if (rc < 0) break;
     kvl_distill_update(d, (float)lr_t, &gn);
-    fprintf(lg, "{\"step\":%lld,\"train_kl\":%.6f,\"grad_norm\":%.6f,\"lr\":%.3g,\"seconds\":%.1f", (long long)(step + 1),
-            kl_sum / batch, gn, lr_t, kvl_cli_now() - t_start);
+    fprintf(lg, "{\"step\":%lld,\"train_kl\":%.6f,\"grad_norm\":%.6f,\"lr\":%.3g,\"batch\":%d,\"seconds\":%.1f",
+            (long long)(step + 1), kl_sum / batch, gn, lr_t, batch, t_before + kvl_cli_now() - t_start);
     if ((step + 1) % eval_every == 0 || step + 1 == steps) {
       hk_code = mean_kl(d, ev[0], n_ev[0]);
       hk_prose = mean_kl(d, ev[1], n_ev[1]);
