@@ -120,6 +120,33 @@ static double mean_kl(kvl_distill_t *d, struct kvl_distill_sample *s, int32_t n)
   return n ? sum / n : 0;
 }
 
+struct run_info {
+  const char *init_path;
+  int32_t batch, n_tr, prefix, cont, topk, steps;
+  double lr, warmup;
+  unsigned seed;
+};
+
+/* The current maps as a translator at `path`: the pair's fingerprints, provenance. */
+static int write_translator(kvl_distill_t *d, const kvl_translator_t *init, struct kvl_cli_model *src,
+                            struct kvl_cli_model *dst, const struct run_info *ri, double heldout, const char *path,
+                            char *err, size_t errlen) {
+  kvl_translator_t *out = NULL;
+  int rc = kvl_translator_new(&src->fp, &dst->fp, kvl_translator_affine(init), &out, err, errlen);
+  if (rc == 0 && (rc = kvl_distill_export(d, out)) == 0) {
+    json_t *fit = json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:f,s:i,s:i,s:f}", "stage", "distill", "init",
+                            ri->init_path, "steps", (int)kvl_distill_steps(d), "steps_planned", ri->steps, "batch",
+                            ri->batch, "samples", ri->n_tr, "prefix", ri->prefix, "cont", ri->cont, "lr", ri->lr,
+                            "warmup", ri->warmup, "topk", ri->topk, "seed", (int)ri->seed, "val_kl", heldout);
+    char *js = json_dumps(fit, JSON_COMPACT);
+    kvl_translator_set_fit_json(out, js);
+    free(js);
+    json_decref(fit);
+    rc = kvl_translator_save(out, path, kvl_translator_dtype(init), err, errlen);
+  }
+  return rc;
+}
+
 int kvl_cli_distill(int argc, char **argv) {
   const char *src_arg = NULL, *dst_arg = NULL, *init_path = NULL, *out_path = NULL, *ckpt = NULL, *log_path = NULL;
   const char *corpus = "translator/corpus/split.tsv"; /* relative to the checkout, like fit and eval */
@@ -186,7 +213,7 @@ int kvl_cli_distill(int argc, char **argv) {
     sample_dir = dir_buf;
   }
   struct kvl_cli_model src = {0}, dst = {0};
-  kvl_translator_t *init = NULL, *out = NULL;
+  kvl_translator_t *init = NULL;
   kvl_dense_t *dense = NULL;
   kvl_distill_t *d = NULL;
   struct kvl_distill_sample *tr = NULL, *ev[2] = {NULL, NULL};
@@ -229,6 +256,7 @@ int kvl_cli_distill(int argc, char **argv) {
     rc = KVL_EIO;
     goto done;
   }
+  struct run_info ri = {init_path, batch, n_tr, prefix, cont, topk, steps, lr, warmup, seed};
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
   double hk_code = mean_kl(d, ev[0], n_ev[0]), hk_prose = mean_kl(d, ev[1], n_ev[1]), kl0 = (hk_code + hk_prose) / 2;
@@ -240,6 +268,8 @@ int kvl_cli_distill(int argc, char **argv) {
   fprintf(stderr, "held-out KL at step %lld: %.4f (code %.4f, prose %.4f)\n", (long long)kvl_distill_steps(d), kl0,
           hk_code, hk_prose);
   double t_before = 0; /* seconds the run took before this resumption (its log's last record) */
+  double best = kl0;   /* the lowest held-out KL so far: OUT holds those maps */
+  bool wrote = false;
   if (kvl_distill_steps(d) > 0) { /* percentages against the start of the run, from its log */
     FILE *lf = fopen(log_path, "r");
     char line[1024];
@@ -247,6 +277,11 @@ int kvl_cli_distill(int argc, char **argv) {
       json_t *r = json_loads(line, 0, NULL);
       double k = json_number_value(json_object_get(r, "heldout_kl"));
       if (first && k > 0) kl0 = k;
+      if (first) best = INFINITY; /* resumed: the best of the run so far, from its log */
+      if (k > 0 && k < best) {
+        best = k;
+        wrote = json_integer_value(json_object_get(r, "step")) > 0; /* OUT was written for it */
+      }
       if (json_integer_value(json_object_get(r, "step")) <= kvl_distill_steps(d) && json_object_get(r, "seconds"))
         t_before = json_number_value(json_object_get(r, "seconds"));
       json_decref(r);
@@ -287,8 +322,15 @@ int kvl_cli_distill(int argc, char **argv) {
       hk_prose = mean_kl(d, ev[1], n_ev[1]);
       double hk = (hk_code + hk_prose) / 2;
       fprintf(lg, ",\"heldout_kl\":%.6f,\"heldout_kl_code\":%.6f,\"heldout_kl_prose\":%.6f", hk, hk_code, hk_prose);
-      fprintf(stderr, "\rstep %lld: train KL %.4f, held-out KL %.4f (code %.4f, prose %.4f; %.0f%% of the start)     \n",
-              (long long)(step + 1), kl_sum / batch, hk, hk_code, hk_prose, 100 * hk / kl0);
+      fprintf(stderr, "\rstep %lld: train KL %.4f, held-out KL %.4f (code %.4f, prose %.4f; %.0f%% of the start)%s     \n",
+              (long long)(step + 1), kl_sum / batch, hk, hk_code, hk_prose, 100 * hk / kl0, hk < best ? ", best" : "");
+      if (hk < best) { /* model selection on the validation split: OUT is the best maps seen */
+        best = hk;
+        if (write_translator(d, init, &src, &dst, &ri, hk, out_path, err, sizeof(err)) < 0)
+          fprintf(stderr, "kvlingo distill: %s\n", err);
+        else
+          wrote = true;
+      }
     }
     fprintf(lg, "}\n");
     fflush(lg);
@@ -312,20 +354,15 @@ int kvl_cli_distill(int argc, char **argv) {
     fprintf(stderr, "stopped at step %lld; run the same command again to resume from %s\n", (long long)kvl_distill_steps(d), ckpt);
     goto done;
   }
-  /* the distilled translator: the init's fingerprints, the trained maps, provenance */
-  if ((rc = kvl_translator_new(&src.fp, &dst.fp, kvl_translator_affine(init), &out, err, sizeof(err))) == 0 &&
-      (rc = kvl_distill_export(d, out)) == 0) {
-    json_t *fit = json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:f,s:f,s:i,s:i}", "stage", "distill", "init", init_path,
-                            "steps", (int)kvl_distill_steps(d), "batch", batch, "samples", n_tr, "prefix", prefix,
-                            "cont", cont, "lr", lr, "warmup", warmup, "topk", topk, "seed", (int)seed);
-    char *js = json_dumps(fit, JSON_COMPACT);
-    kvl_translator_set_fit_json(out, js);
-    free(js);
-    json_decref(fit);
-    rc = kvl_translator_save(out, out_path, kvl_translator_dtype(init), err, sizeof(err));
+  /* OUT already holds the best maps on the validation split; without any improvement
+   * (or evaluations), the last ones */
+  if (!wrote) {
+    fprintf(stderr, "kvlingo distill: the held-out KL never went below the start's; writing the last maps\n");
+    rc = write_translator(d, init, &src, &dst, &ri, best, out_path, err, sizeof(err));
   }
   if (rc < 0) fprintf(stderr, "kvlingo distill: %s\n", err);
-  else fprintf(stderr, "wrote %s (%lld steps)\n", out_path, (long long)kvl_distill_steps(d));
+  else fprintf(stderr, "%s: the maps with the lowest held-out KL (%.4f, %.0f%% of the start; %lld steps run)\n", out_path,
+               best, 100 * best / kl0, (long long)kvl_distill_steps(d));
 done:
   for (int32_t i = 0; i < n_tr; i++) kvl_distill_sample_free(&tr[i]);
   for (int j = 0; j < 2; j++) {
@@ -336,7 +373,6 @@ done:
   kvl_distill_free(d);
   kvl_dense_free(dense);
   kvl_translator_free(init);
-  kvl_translator_free(out);
   kvl_cli_model_close(&src);
   kvl_cli_model_close(&dst);
   return rc < 0 ? 1 : 0;
