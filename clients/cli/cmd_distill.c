@@ -42,7 +42,7 @@ static void usage(FILE *f) {
     "      --topk K           target log-probs kept per position (default 64)\n"
     "      --steps N          optimizer steps (default 200)\n"
     "      --batch N          samples per step (default 8)\n"
-    "      --lr X             peak learning rate (default 3e-5)\n"
+    "      --lr X             peak learning rate (default 1e-4: tuned on the Qwen2.5-Coder pair)\n"
     "      --warmup F         warm-up fraction of the steps (default 0.05), then cosine decay\n"
     "      --clip X           gradient-norm clip (default 1.0)\n"
     "      --eval-every N     steps between held-out KL evaluations (default 25)\n"
@@ -152,7 +152,7 @@ int kvl_cli_distill(int argc, char **argv) {
   const char *corpus = "translator/corpus/split.tsv"; /* relative to the checkout, like fit and eval */
   const char *sample_dir = NULL;
   int32_t n_train = 256, n_eval = 12, prefix = 256, cont = 32, topk = 64, steps = 200, batch = 8, eval_every = 25;
-  double lr = 3e-5, warmup = 0.05, clip = 1.0, save_every = 300;
+  double lr = 1e-4, warmup = 0.05, clip = 1.0, save_every = 300;
   unsigned seed = 1;
   enum { O_INIT = 1000, O_CORPUS, O_SAMPLES, O_EVAL_SAMPLES, O_PREFIX, O_CONT, O_TOPK, O_STEPS, O_BATCH, O_LR,
          O_WARMUP, O_CLIP, O_EVAL_EVERY, O_SEED, O_CKPT, O_SAVE_EVERY, O_LOG, O_SAMPLE_DIR };
