@@ -4,7 +4,8 @@
 Every translator in translator/maps/ must load against the two Qwen2.5-Coder models (the
 fingerprints agree), and on held-out code the target continuing from the translated cache
 must predict the first continuation tokens better than the target with no context (the
-floor of issue [translator]) and stay within a sane KL of its native cache. A broken
+floor of issue [translator]) and stay within a sane KL of its native cache; a distilled
+translator (stage 2) must be closer to the native cache than the closed form it started from. A broken
 translator (wrong layer order, transposed map, RoPE not undone) fails this: its translated
 cache is worse than no context at all.
 
@@ -54,4 +55,17 @@ with tempfile.TemporaryDirectory() as out:
             if not all(x == x and -1 < x <= 1 for x in r2):  # NaN or absurd
                 print(f"FAIL {name}: {kv} {r2}")
                 failed += 1
+    # stage 2 against its closed form: a distilled translator must be closer to the native cache
+    for name, t in ev["translators"].items():
+        if t.get("fit", {}).get("stage") != "distill":
+            continue
+        base = next((n for n in ev["translators"] if n + ".distilled" == name or
+                     os.path.splitext(n)[0] + ".distilled" == os.path.splitext(name)[0]), None)
+        if base is None:
+            continue
+        k1, k2 = ev["translators"][base]["domains"]["code"]["kl"]["mean"], t["domains"]["code"]["kl"]["mean"]
+        ok = k2 < k1
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: KL {k2:.3f} below its closed form's {k1:.3f} "
+              f"({100 * (k2 / k1 - 1):+.0f}%)")
 sys.exit(1 if failed else 0)
