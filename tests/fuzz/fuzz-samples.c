@@ -26,7 +26,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     KVL_ASSERT(x->P > 0 && x->m > 0 && x->n_layer_src > 0 && x->w_src > 0 && x->k > 0);
     /* touch the last element of every array: ASan reports a short allocation */
     size_t kv = (size_t)x->n_layer_src * x->P * x->w_src, top = (size_t)x->m * x->k;
-    sink += x->tokens[x->m - 1] + x->src_k[kv - 1] + x->src_v[kv - 1] + x->top_ids[top - 1] + (int64_t)x->top_lp[top - 1];
+    sink += (int64_t)x->tokens[x->m - 1] + x->src_k[kv - 1] + x->src_v[kv - 1] + (int64_t)x->top_ids[top - 1] +
+            (int64_t)(x->top_lp[top - 1] == x->top_lp[top - 1]); /* no float -> int conversion of arbitrary bits */
     KVL_ASSERT(kvl_distill_sample_bytes(x) > 0);
   }
   (void)sink;
