@@ -175,7 +175,7 @@ static int load_stream(FILE *f, const char *path, const char *key, struct kvl_di
   ok = ok && fgetc(f) == EOF;
   fclose(f);
   if (!ok) {
-    for (int32_t i = 0; s && i < got + 1 && i < n; i++) kvl_distill_sample_free(&s[i]);
+    for (int32_t i = 0; s && i < n; i++) kvl_distill_sample_free(&s[i]); /* calloc'd: unread ones are empty */
     free(s);
     return kvl_errf(err, errlen, KVL_EFORMAT, "sample store %s: truncated or not a sample store", path);
   }

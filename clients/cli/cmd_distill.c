@@ -144,6 +144,7 @@ static int write_translator(kvl_distill_t *d, const kvl_translator_t *init, stru
     json_decref(fit);
     rc = kvl_translator_save(out, path, kvl_translator_dtype(init), err, errlen);
   }
+  kvl_translator_free(out);
   return rc;
 }
 

@@ -59,9 +59,10 @@ with tempfile.TemporaryDirectory() as out:
     for name, t in ev["translators"].items():
         if t.get("fit", {}).get("stage") != "distill":
             continue
-        base = next((n for n in ev["translators"] if n + ".distilled" == name or
-                     os.path.splitext(n)[0] + ".distilled" == os.path.splitext(name)[0]), None)
-        if base is None:
+        base = name[:-len(".distilled")] if name.endswith(".distilled") else None
+        if base not in ev["translators"]:
+            print(f"FAIL {name}: its closed form ({base}) is not committed beside it")
+            failed += 1
             continue
         k1, k2 = ev["translators"][base]["domains"]["code"]["kl"]["mean"], t["domains"]["code"]["kl"]["mean"]
         ok = k2 < k1

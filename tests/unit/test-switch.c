@@ -94,6 +94,14 @@ static struct kvl_request greedy(int model, const int32_t *p, int32_t n, int32_t
   return r;
 }
 
+/* r escalates to model `to` once the mean entropy of `window` generated tokens passes `bar` */
+static void cascade(struct kvl_request *r, int to, int32_t window, float bar) {
+  r->cascade.on = true;
+  r->cascade.to = to;
+  r->cascade.window = window;
+  r->cascade.max_mean_entropy = bar;
+}
+
 static void user_turn(int32_t *seq, int32_t *n, unsigned long long *rs) {
   int32_t len = 5 + (int32_t)(kvl_test_rand(rs) % 26);
   for (int32_t i = 0; i < len; i++) seq[(*n)++] = (int32_t)(kvl_test_rand(rs) % 300);
@@ -209,10 +217,7 @@ static void test_handoffs(void) {
   s = sched_of(ms, 2, 64, 0, 64);
   link_all(s, 2);
   r = greedy(0, p, 40, 12, 0);
-  r.cascade.on = true;
-  r.cascade.to = 1;
-  r.cascade.window = 3;
-  r.cascade.max_mean_entropy = 1e-3f; /* any real distribution passes it */
+  cascade(&r, 1, 3, 1e-3f); /* any real distribution passes the bar */
   CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
   CHECK_EQ_INT(o.usage.handoffs, 1);
   CHECK_EQ_INT(o.n, ref.n);
@@ -227,10 +232,7 @@ static void test_handoffs(void) {
   s = sched_of(ms, 2, 64, 0, 64);
   link_all(s, 2);
   r = greedy(0, p, 40, 12, 0);
-  r.cascade.on = true;
-  r.cascade.to = 1;
-  r.cascade.window = 3;
-  r.cascade.max_mean_entropy = 1e6f;
+  cascade(&r, 1, 3, 1e6f);
   CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
   CHECK_EQ_INT(o.usage.handoffs, 0);
   CHECK_EQ_INT(o.usage.translated, 0);
@@ -254,9 +256,7 @@ static void test_handoffs(void) {
   /* refusals: a handoff target that is not there */
   s = sched_of(ms, 2, 64, 0, 64);
   r = greedy(0, p, 40, 12, 0);
-  r.cascade.on = true;
-  r.cascade.to = 5;
-  r.cascade.window = 2;
+  cascade(&r, 5, 2, 0);
   uint64_t id;
   char err[256];
   CHECK_EQ_INT(kvl_sched_submit(s, &r, on_token, &o, &id, err, sizeof(err)), KVL_EINVAL);
@@ -361,10 +361,7 @@ static void test_stress(void) {
       int M = (int)(kvl_test_rand(&rs) % 3);
       struct kvl_request r = greedy(M, conv[c], len[c], 1 + (int32_t)(kvl_test_rand(&rs) % 8), (uint64_t)(c + 1));
       if (kvl_test_rand(&rs) % 6 == 0) {
-        r.cascade.on = true;
-        r.cascade.to = (M + 1) % 3;
-        r.cascade.window = 2;
-        r.cascade.max_mean_entropy = 1e-3f;
+        cascade(&r, (M + 1) % 3, 2, 1e-3f);
       }
       if (kvl_test_rand(&rs) % 7 == 0) r.reuse = KVL_REUSE_NATIVE_ONLY;
       memset(&outs[c], 0, sizeof(outs[c]));
