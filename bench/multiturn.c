@@ -10,13 +10,15 @@
  *              switch, so old spans pass through several translators.
  *
  *   bench-multiturn [--small S.gguf --large L.gguf] [--maps DIR] [-n CONVERSATIONS]
- *                   [--turn-user 48] [--turn-cont 32] [--out DIR]
+ *                   [--variant distilled] [--turn-user 48] [--turn-cont 32] [--out DIR]
  *
  * A conversation is one held-out corpus sample (translator/corpus/split.tsv, code and
  * prose interleaved) of 10 × (user + continuation) tokens: turn t's user tokens are the
  * next `turn-user` tokens of the document, its continuation the `turn-cont` after them
  * (teacher-forced: the serving model computes them natively, as it would its answer).
- * KV in bf16, as the daemon serves. Writes bench/results/multiturn-nll.json (+ .md).
+ * The translators are DIR/<a>-to-<b>[.<variant>].safetensors: the shipped distilled ones by
+ * default, `--variant ""` for the closed form. KV in bf16, as the daemon serves. Writes
+ * bench/results/multiturn-nll.json (+ .md).
  */
 #include <getopt.h>
 #include <math.h>
@@ -25,6 +27,7 @@
 #include <string.h>
 
 #include "bench_common.h"
+#include "bench_lines.h"
 #include "kvl_error.h"
 #include "kvl_fit.h"
 #include "kvl_kvpool.h"
@@ -34,84 +37,6 @@
 enum { TURNS = 10, METHODS = 3 };
 static const char *const METHOD[METHODS] = {"reprefill", "protocol", "naive"};
 
-struct side {
-  kvl_model_t *m;
-  kvl_pool_t *pool;
-  const kvl_translator_t *to_other; /* this model -> the other */
-};
-
-static float *g_logits;
-static size_t g_cap;
-
-/* Append positions [from, to) of seq natively to line l (model s) and run them; the NLL
- * of seq[p + 1] at every position p in [score_from, to) with p + 1 < score_end is added to *nll. */
-static int forward(struct side *s, kvl_line_t *l, const int32_t *seq, int32_t from, int32_t to, int32_t score_from,
-                   int32_t score_end, double *nll, int *n_scored) {
-  const int32_t V = kvl_model_hparams(s->m)->n_vocab;
-  for (int32_t c0 = from; c0 < to; c0 += 256) {
-    int32_t c1 = c0 + 256 < to ? c0 + 256 : to, T = c1 - c0;
-    int rc = kvl_line_append(l, seq + c0, T, KVL_WRITER_NATIVE);
-    if (rc < 0) return rc;
-    int32_t pos[256], sq[256];
-    int8_t want[256];
-    int32_t n_want = 0;
-    for (int32_t i = 0; i < T; i++) {
-      pos[i] = c0 + i;
-      sq[i] = 0;
-      want[i] = c0 + i >= score_from && c0 + i + 1 < score_end;
-      n_want += want[i];
-    }
-    if ((size_t)n_want * (size_t)V > g_cap) {
-      g_cap = (size_t)n_want * (size_t)V;
-      g_logits = realloc(g_logits, g_cap * sizeof(float));
-      if (!g_logits) return KVL_ENOMEM;
-    }
-    const int32_t *tables[1] = {kvl_line_block_table(l)};
-    struct kvl_kv_view kv = {kvl_pool_layout(s->pool), kvl_pool_base(s->pool), tables};
-    struct kvl_batch b = {T, seq + c0, pos, sq, want};
-    rc = kvl_model_forward(s->m, kvl_backend_cpu(), &b, &kv, n_want ? g_logits : NULL, NULL);
-    if (rc < 0) return rc;
-    int32_t row = 0;
-    for (int32_t i = 0; i < T; i++) {
-      if (!want[i]) continue;
-      const float *z = g_logits + (size_t)row++ * V;
-      float mx = -INFINITY;
-      for (int32_t k = 0; k < V; k++) mx = z[k] > mx ? z[k] : mx;
-      double sum = 0;
-      for (int32_t k = 0; k < V; k++) sum += exp((double)z[k] - mx);
-      *nll += -((double)z[seq[c0 + i + 1]] - mx - log(sum));
-      (*n_scored)++;
-    }
-  }
-  return 0;
-}
-
-/* Translate positions [from, to) of src into dst (appended): the protocol's way through
- * kvl_line_translate (native sources only), or the naive way that accepts anything. */
-static int translate(struct side *from_side, struct side *to_side, kvl_line_t *dst, const kvl_line_t *src, int32_t from,
-                     int32_t to, kvl_writer_t writer, bool any_source) {
-  char err[256];
-  if (!any_source) {
-    int rc = kvl_line_translate(dst, src, from_side->to_other, writer, from, to, kvl_model_rope(from_side->m),
-                                kvl_model_rope(to_side->m), err, sizeof(err));
-    if (rc < 0) fprintf(stderr, "bench-multiturn: %s\n", err);
-    return rc;
-  }
-  int rc = kvl_line_append(dst, kvl_line_tokens(src) + from, to - from, writer);
-  if (rc < 0) return rc;
-  int32_t *pos = malloc((size_t)(to - from) * sizeof(int32_t));
-  for (int32_t i = 0; i < to - from; i++) pos[i] = from + i;
-  struct kvl_translate_span sp = {.src_layout = kvl_pool_layout(from_side->pool), .src_base = kvl_pool_base(from_side->pool),
-                                  .src_table = kvl_line_block_table(src), .src_rope = kvl_model_rope(from_side->m),
-                                  .src_pos = pos, .dst_layout = kvl_pool_layout(to_side->pool),
-                                  .dst_base = kvl_pool_base(to_side->pool), .dst_table = kvl_line_block_table(dst),
-                                  .dst_rope = kvl_model_rope(to_side->m), .dst_pos = pos, .n = to - from};
-  rc = kvl_translator_apply(from_side->to_other, &sp, err, sizeof(err));
-  free(pos);
-  if (rc < 0) fprintf(stderr, "bench-multiturn: %s\n", err);
-  return rc;
-}
-
 int main(int argc, char **argv) {
   static char paths[2][4200], maps[4200], split[4200];
   kvl_bench_model_path("0.5b", paths[0], sizeof(paths[0]));
@@ -119,9 +44,9 @@ int main(int argc, char **argv) {
   snprintf(maps, sizeof(maps), "%s/translator/maps", KVL_BENCH_SOURCE_ROOT);
   snprintf(split, sizeof(split), "%s/translator/corpus/split.tsv", KVL_BENCH_SOURCE_ROOT);
   int n_conv = 8, tu = 48, tc = 32;
-  const char *out = "bench/results";
+  const char *out = "bench/results", *variant = "distilled";
   static const struct option opts[] = {{"small", required_argument, 0, 'S'}, {"large", required_argument, 0, 'L'},
-                                       {"maps", required_argument, 0, 'M'}, {"turn-user", required_argument, 0, 'U'},
+                                       {"maps", required_argument, 0, 'M'}, {"variant", required_argument, 0, 'V'}, {"turn-user", required_argument, 0, 'U'},
                                        {"turn-cont", required_argument, 0, 'C'}, {"out", required_argument, 0, 'O'},
                                        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
@@ -130,18 +55,19 @@ int main(int argc, char **argv) {
     case 'S': snprintf(paths[0], sizeof(paths[0]), "%s", optarg); break;
     case 'L': snprintf(paths[1], sizeof(paths[1]), "%s", optarg); break;
     case 'M': snprintf(maps, sizeof(maps), "%s", optarg); break;
+    case 'V': variant = optarg; break;
     case 'U': tu = atoi(optarg); break;
     case 'C': tc = atoi(optarg); break;
     case 'O': out = optarg; break;
     case 'n': n_conv = atoi(optarg); break;
     default:
       fprintf(c == 'h' ? stdout : stderr, "usage: bench-multiturn [--small S.gguf --large L.gguf] [--maps DIR] [-n N] "
-                                          "[--turn-user 48] [--turn-cont 32] [--out DIR]\n");
+                                          "[--variant distilled] [--turn-user 48] [--turn-cont 32] [--out DIR]\n");
       return c == 'h' ? 0 : 2;
     }
   }
   char err[512];
-  struct side sd[2];
+  struct kvl_bench_side sd[2];
   kvl_translator_t *tr[2];
   const int32_t L = TURNS * (tu + tc);
   for (int i = 0; i < 2; i++) {
@@ -153,7 +79,8 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; i < 2; i++) {
     char p[8600];
-    snprintf(p, sizeof(p), "%s/%s-to-%s.safetensors", maps, kvl_bench_model_name(paths[i]), kvl_bench_model_name(paths[1 - i]));
+    snprintf(p, sizeof(p), "%s/%s-to-%s%s%s.safetensors", maps, kvl_bench_model_name(paths[i]),
+             kvl_bench_model_name(paths[1 - i]), *variant ? "." : "", variant);
     if (kvl_translator_load(p, &tr[i], err, sizeof(err)) < 0) { fprintf(stderr, "bench-multiturn: %s\n", err); return 1; }
     sd[i].to_other = tr[i];
   }
@@ -178,7 +105,7 @@ int main(int argc, char **argv) {
       int k[METHODS] = {0};
       /* reprefill */
       kvl_line_t *rl = kvl_line_new(sd[M].pool);
-      if (forward(&sd[M], rl, seq, 0, end, n - 1, end, &v[0], &k[0]) < 0) return 1;
+      if (kvl_bench_line_score(&sd[M], rl, seq, 0, end, n - 1, end, &v[0], &k[0], NULL, NULL) < 0) return 1;
       kvl_line_free(rl);
       /* protocol */
       kvl_line_t *pl = proto[M], *other = proto[S];
@@ -188,17 +115,17 @@ int main(int argc, char **argv) {
         while (e < n - 1 && (e < kvl_line_len(other) && kvl_line_writer(other, e) == KVL_WRITER_NATIVE) == nat) e++;
         double dummy = 0;
         int dk = 0;
-        if (nat ? translate(&sd[S], &sd[M], pl, other, p, e, (kvl_writer_t)(S + 1), false) < 0
-                : forward(&sd[M], pl, seq, p, e, end, end, &dummy, &dk) < 0)
+        if (nat ? kvl_bench_line_translate(&sd[S], &sd[M], pl, other, p, e, (kvl_writer_t)(S + 1), false, "bench-multiturn") < 0
+                : kvl_bench_line_score(&sd[M], pl, seq, p, e, end, end, &dummy, &dk, NULL, NULL) < 0)
           return 1;
         p = e;
       }
-      if (forward(&sd[M], pl, seq, n - 1, end, n - 1, end, &v[1], &k[1]) < 0) return 1;
+      if (kvl_bench_line_score(&sd[M], pl, seq, n - 1, end, n - 1, end, &v[1], &k[1], NULL, NULL) < 0) return 1;
       /* naive: translate everything from the last cache, whatever wrote it */
       int32_t have = 0;
       if (naive && naive_side != M) {
         kvl_line_t *nl = kvl_line_new(sd[M].pool);
-        if (translate(&sd[naive_side], &sd[M], nl, naive, 0, kvl_line_len(naive), (kvl_writer_t)(S + 1), true) < 0)
+        if (kvl_bench_line_translate(&sd[naive_side], &sd[M], nl, naive, 0, kvl_line_len(naive), (kvl_writer_t)(S + 1), true, "bench-multiturn") < 0)
           return 1;
         kvl_line_free(naive);
         naive = nl;
@@ -209,8 +136,8 @@ int main(int argc, char **argv) {
       have = kvl_line_len(naive);
       double dummy = 0;
       int dk = 0;
-      if (have < n - 1 && forward(&sd[M], naive, seq, have, n - 1, end, end, &dummy, &dk) < 0) return 1;
-      if (forward(&sd[M], naive, seq, n - 1, end, n - 1, end, &v[2], &k[2]) < 0) return 1;
+      if (have < n - 1 && kvl_bench_line_score(&sd[M], naive, seq, have, n - 1, end, end, &dummy, &dk, NULL, NULL) < 0) return 1;
+      if (kvl_bench_line_score(&sd[M], naive, seq, n - 1, end, n - 1, end, &v[2], &k[2], NULL, NULL) < 0) return 1;
       for (int mth = 0; mth < METHODS; mth++) nll[((size_t)mth * TURNS + t) * n_smp + si] = v[mth] / k[mth];
       fprintf(stderr, "  conversation %d (%s), turn %d on %s: reprefill %.3f protocol %.3f naive %.3f nats/token\n", si + 1,
               smp[si].domain, t + 1, kvl_bench_model_name(paths[M]), v[0] / k[0], v[1] / k[1], v[2] / k[2]);
@@ -228,6 +155,7 @@ int main(int argc, char **argv) {
       json_t *r = kvl_bench_report_add(rep, kvl_bench_model_name(paths[t % 2]), "multiturn-nll", st.mean, "nats/token", n_smp, st.sd);
       json_object_set_new(r, "turn", json_integer(t + 1));
       json_object_set_new(r, "method", json_string(METHOD[mth]));
+      json_object_set_new(r, "translators", json_string(*variant ? variant : "closed-form"));
       if (mth > 0) { /* paired difference to the reference, with its standard error */
         for (int32_t i = 0; i < n_smp && i < 256; i++) d[i] = x[i] - nll[((size_t)0 * TURNS + t) * n_smp + i];
         struct kvl_bench_stats sdiff;
@@ -240,7 +168,7 @@ int main(int argc, char **argv) {
   kvl_bench_report_free(rep);
   kvl_samples_free(smp, n_smp);
   free(nll);
-  free(g_logits);
+  kvl_bench_lines_done();
   kvl_tokenizer_free(tk);
   for (int i = 0; i < 2; i++) {
     kvl_translator_free(tr[i]);

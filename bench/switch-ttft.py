@@ -32,21 +32,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
-
-
-def machine():
-    cpu, flags = "unknown", []
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name") and cpu == "unknown":
-                cpu = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                want = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile", "fma")
-                flags = [f for f in line.split(":", 1)[1].split() if f in want]
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu": cpu, "flags": flags, "cores": os.cpu_count(), "mem_gib": round(mem)}
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from benchlib import machine  # noqa: E402
 
 
 def main():

@@ -51,6 +51,7 @@ void kvld_config_defaults(struct kvld_config *c, const char *source_root) {
   snprintf(c->router.small, sizeof(c->router.small), "%s", pair[0][0]);
   snprintf(c->router.large, sizeof(c->router.large), "%s", pair[1][0]);
   c->router.cascade_window = 8;
+  c->router.handoff_native_tail = 1;
   c->router.cascade_max_mean_entropy = 2.0;
   c->router.cascade_min_logprob = 0;
   c->router.prefill_offload_min_tokens = 256;
@@ -61,7 +62,7 @@ void kvld_config_defaults(struct kvld_config *c, const char *source_root) {
   if (source_root) {
     static const char *const maps[] = {"qwen2.5-coder-0.5b-to-qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-to-qwen2.5-coder-0.5b"};
     for (int i = 0; i < 2; i++)
-      snprintf(c->translators[c->n_translators++], sizeof(c->translators[0]), "%s/translator/maps/%s.safetensors",
+      snprintf(c->translators[c->n_translators++], sizeof(c->translators[0]), "%s/translator/maps/%s.distilled.safetensors",
                source_root, maps[i]);
   }
 }
@@ -210,7 +211,13 @@ static void walk_router(struct walk *w, const char *k, yaml_node_t *vn, const ch
   if (!strcmp(k, "large")) { get_str(w, vn, path, c->router.large, sizeof(c->router.large)); return; }
   if (!strcmp(k, "cascade")) { walk_map(w, vn, path, walk_cascade, c); return; }
   if (!strcmp(k, "prefill_offload")) { walk_map(w, vn, path, walk_offload, c); return; }
-  bad(w, path, "unknown key (policy, small, large, cascade, prefill_offload)");
+  if (!strcmp(k, "handoff_native_tail")) {
+    long long v = c->router.handoff_native_tail;
+    get_int(w, vn, path, 1, 4096, &v);
+    c->router.handoff_native_tail = (int)v;
+    return;
+  }
+  bad(w, path, "unknown key (policy, small, large, cascade, prefill_offload, handoff_native_tail)");
 }
 
 static void walk_gate(struct walk *w, const char *k, yaml_node_t *vn, const char *path, void *ctx) {

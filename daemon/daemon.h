@@ -67,6 +67,8 @@ struct kvld_config {
     double cascade_max_mean_entropy; /* nats (0: unused) */
     double cascade_min_logprob;      /* (0: unused) */
     int prefill_offload_min_tokens;  /* prompts at least this long go small -> large */
+    int handoff_native_tail;         /* on a cascade or prefill-offload handoff the large model
+                                        computes the last N positions itself (1: only the last) */
   } router;
   struct {                   /* per translator (DESIGN.md "Translation") */
     double max_heldout_kl;   /* the file's held-out KL over this: never used (0: no bar) */

@@ -33,6 +33,7 @@ struct req {
   int32_t computed;      /* positions of seq with KV in the line */
   uint64_t conv;         /* conversation key, 0 = stateless */
   bool no_translate;
+  int32_t native_tail;   /* >= 1: positions at the end never translated */
   /* translation sources while the line is being extended: other models' lines (forks of
    * kept lines, or attached from their prefix caches), usable up to src_len */
   kvl_line_t *src[MAX_MODELS];
@@ -437,6 +438,7 @@ int kvl_sched_submit(kvl_sched_t *s, const struct kvl_request *q, kvl_token_cb c
   r->last_src = -1;
   r->conv = q->conversation;
   r->no_translate = q->no_translate;
+  r->native_tail = q->native_tail > 1 ? q->native_tail : 1;
   if (q->cascade.on && q->cascade.to != q->model) {
     r->cascade.on = true;
     r->cascade.to = q->cascade.to;
@@ -521,7 +523,7 @@ static bool native_at(const kvl_line_t *l, int32_t pos) { return kvl_line_writer
  * for no translation) and prefilled. */
 static void open_sources(kvl_sched_t *s, struct req *r) {
   int mi = r->model;
-  int32_t limit = r->len - 1; /* the last position always runs natively */
+  int32_t limit = r->len - r->native_tail; /* the last position (or tail) always runs natively */
   if (r->computed >= limit) { kvl_line_free(r->carry); r->carry = NULL; return; }
   struct conv *c = r->conv ? conv_get(s, r->conv, false) : NULL;
   uint8_t *held = NULL; /* positions held natively by a model without a usable translator */
@@ -651,7 +653,7 @@ static bool make_room(kvl_sched_t *s, int mi, struct req **order, int32_t n, int
  * fails is dropped for this request: those positions are prefilled instead. */
 static int translate_ready(kvl_sched_t *s, struct model *m, struct req *r, struct req **order, int32_t n, int32_t i) {
   int mi = model_index(s, m);
-  int32_t limit = r->len - 1;
+  int32_t limit = r->len - r->native_tail;
   while (r->sources_open && r->computed < limit) {
     int k = 0;
     while (k < MAX_MODELS && !(r->src[k] && r->computed < r->src_len[k] && native_at(r->src[k], r->computed))) k++;

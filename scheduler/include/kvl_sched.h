@@ -128,6 +128,9 @@ struct kvl_request {
   enum kvl_reuse reuse;             /* prefix-cache policy */
   uint64_t conversation;            /* 0: stateless; else the key its kept lines live under */
   bool no_translate;                /* prefill what other models hold (the quality gate's fallback) */
+  int32_t native_tail;              /* the sequence's last N positions are always computed natively,
+                                       never translated (0 or 1: only the last; a larger tail buys
+                                       quality right after a switch for N - 1 tokens of prefill) */
   struct {                          /* move to `to` when the window's uncertainty passes a bar */
     bool on;
     int to;                         /* model id (same vocabulary) */

@@ -237,6 +237,14 @@ check(mval(fam, "kvlingo:handoffs_total", source="small", target="large") == 1 a
       "cascade: /metrics counts the handoff and the decision")
 out, models, last = generate(casc, prompt, "large", 4)
 check(last.routing.policy == "requested" and models == ["large"] * len(models), "a named model is not routed")
+# router.handoff_native_tail: the large model computes the last 8 positions itself
+casc8, _ = start(two, tr_two, "router:\n  policy: cascade\n  handoff_native_tail: 8\n"
+                              "  cascade: {window: 3, max_mean_entropy: 0.001}\n", replica="casc8")
+out8, models8, last8 = generate(casc8, prompt, "auto", 10)
+check(last8.routing.decision == "escalated" and last8.routing.handoff_token == 3 and
+      last8.usage.translated_tokens == len(prompt) + 3 - 8 and (mode == "real" or out8 == ref),
+      f"cascade with a native tail of 8: {last8.usage.translated_tokens} positions translated "
+      f"(prompt {len(prompt)} + 3 - 8), {last8.usage.prefilled_tokens} prefilled")
 
 # the example router (clients/python/router.py) through the same daemon: per turn the
 # cheapest adequate model; a switch translates what the other model wrote

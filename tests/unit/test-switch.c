@@ -228,6 +228,19 @@ static void test_handoffs(void) {
   printf("  cascade after 3 tokens: %d tokens equal to model 0 alone, %d positions translated\n", o.n, o.usage.translated);
   kvl_sched_free(s);
 
+  /* a native tail of 8: model 1 translates all but the last 8 positions and computes
+   * those itself (the tokens are the same: identity translators between copies) */
+  s = sched_of(ms, 2, 64, 0, 64);
+  link_all(s, 2);
+  r = greedy(0, p, 40, 12, 0);
+  cascade(&r, 1, 3, 1e-3f);
+  r.native_tail = 8;
+  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
+  CHECK_EQ_INT(o.usage.handoffs, 1);
+  CHECK(o.n == ref.n && memcmp(o.toks, ref.toks, sizeof(int32_t) * (size_t)o.n) == 0);
+  CHECK_EQ_INT(o.usage.translated, 40 + 3 - 8);
+  kvl_sched_free(s);
+
   /* a bar the distribution never passes: no handoff, every token from model 0 */
   s = sched_of(ms, 2, 64, 0, 64);
   link_all(s, 2);
@@ -251,6 +264,16 @@ static void test_handoffs(void) {
   CHECK_EQ_INT(o.usage.prefilled, 40);
   CHECK(memcmp(o.toks, ref.toks, sizeof(int32_t) * (size_t)o.n) == 0);
   CHECK(o.models[0] == 1);
+  kvl_sched_free(s);
+  s = sched_of(ms, 2, 64, 0, 16); /* ... with a native tail of 8 */
+  link_all(s, 2);
+  r = greedy(1, p, 40, 12, 0);
+  r.prefill_on.on = true;
+  r.prefill_on.model = 0;
+  r.native_tail = 8;
+  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
+  CHECK_EQ_INT(o.usage.translated, 32);
+  CHECK(memcmp(o.toks, ref.toks, sizeof(int32_t) * (size_t)o.n) == 0);
   kvl_sched_free(s);
 
   /* refusals: a handoff target that is not there */
