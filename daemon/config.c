@@ -50,6 +50,7 @@ void kvld_config_defaults(struct kvld_config *c, const char *source_root) {
   snprintf(c->router.policy, sizeof(c->router.policy), "fixed");
   snprintf(c->router.small, sizeof(c->router.small), "%s", pair[0][0]);
   snprintf(c->router.large, sizeof(c->router.large), "%s", pair[1][0]);
+  c->cache_snapshot = true;
   c->router.cascade_window = 8;
   c->router.handoff_native_tail = 1;
   c->router.cascade_max_mean_entropy = 2.0;
@@ -260,6 +261,12 @@ static void walk_root(struct walk *w, yaml_node_t *n, struct kvld_config *c) {
     if (!strcmp(k, "log_level")) { get_str(w, vn, path, c->log_level, sizeof(c->log_level)); continue; }
     if (!strcmp(k, "default_model")) { get_str(w, vn, path, c->default_model, sizeof(c->default_model)); continue; }
     if (!strcmp(k, "spill_dir")) { get_str(w, vn, path, c->spill_dir, sizeof(c->spill_dir)); continue; }
+    if (!strcmp(k, "cache_snapshot")) {
+      const char *v = scalar(w, vn, path);
+      if (v && (!strcmp(v, "true") || !strcmp(v, "false"))) c->cache_snapshot = !strcmp(v, "true");
+      else if (v) bad(w, path, "expected true or false");
+      continue;
+    }
     if (!strcmp(k, "replica_id")) { get_str(w, vn, path, c->replica_id, sizeof(c->replica_id)); continue; }
     if (!strcmp(k, "conversation_ttl_s")) { get_double(w, vn, path, 1, 1e7, &c->conversation_ttl_s); continue; }
     if (!strcmp(k, "router")) { walk_map(w, vn, path, walk_router, c); continue; }

@@ -57,7 +57,8 @@ struct kvld_config {
   int step_tokens;
   char log_level[16];        /* debug | info | warn | error */
   char default_model[64];    /* what "auto" / "" means until the router lands */
-  char spill_dir[1024];      /* where the models' disk tiers live */
+  char spill_dir[1024];      /* where the models' disk tiers and cache snapshots live */
+  bool cache_snapshot;       /* save the prefix caches at shutdown, load them at start */
   char replica_id[128];      /* this replica's name in responses (default: the hostname) */
   double conversation_ttl_s; /* a conversation's kept lines expire after this idle time */
   struct {                   /* what model "auto" means */
@@ -396,5 +397,19 @@ int kvld_grpc_active(const struct kvld *d);
 int kvld_http_active(const struct kvld *d);
 int kvld_http_start(struct kvld *d, char *err, size_t errlen);
 void kvld_http_stop(struct kvld *d);
+
+
+/* ---- cache snapshots across restarts (snapshot.c) ----------------------------------- */
+
+/* What a model's snapshot is valid for (model file, KV dtype, translators in order). */
+void kvld_snapshot_fingerprint(const struct kvld *d, int model, char *fp, size_t n);
+/* <spill_dir>/<model>.snapshot */
+void kvld_snapshot_path(const struct kvld *d, int model, char *out, size_t n);
+/* Before the engine starts: load each model's snapshot into its cold tier; one that does
+ * not match or is damaged is removed with a warning. */
+void kvld_snapshot_load_all(struct kvld *d, kvl_sched_t *s);
+/* A kvl_engine_fn (arg: the daemon): save every model's snapshot; KVL_EIO if one failed
+ * (each failure logged). */
+int kvld_snapshot_save_all(kvl_sched_t *s, void *arg);
 
 #endif /* KVLD_DAEMON_H */

@@ -158,10 +158,21 @@ static void on_engine_closed(kvl_engine_t *e) {
 
 static struct kvld *g_d;
 
-static void on_grpc_down(struct kvld *d) {
-  kvld_http_stop(d);
+static void stop_engine(struct kvld *d) {
   if (d->engine) kvl_engine_stop(d->engine, on_engine_closed);
   d->engine = NULL;
+}
+
+static void on_snapshots_saved(void *arg, int rc) {
+  (void)rc; /* each failure is logged */
+  stop_engine(arg);
+}
+
+static void on_grpc_down(struct kvld *d) {
+  kvld_http_stop(d);
+  /* drained: the prefix caches go to their snapshots first (on the compute thread) */
+  if (!d->engine || !d->cfg.cache_snapshot || kvl_engine_run(d->engine, kvld_snapshot_save_all, on_snapshots_saved, d) < 0)
+    stop_engine(d);
   uv_close((uv_handle_t *)&d->sig_term, NULL);
   uv_close((uv_handle_t *)&d->sig_int, NULL);
   uv_close((uv_handle_t *)&d->drain_timer, NULL);
@@ -287,6 +298,7 @@ int main(int argc, char **argv) {
   int rc = load_models(&d, s, err, sizeof(err));
   d.boot_sched = s;
   if (rc == 0) rc = load_translators(&d, err, sizeof(err));
+  if (rc == 0) kvld_snapshot_load_all(&d, s);
   if (rc == 0 && (rc = kvl_engine_start(d.loop, s, &d.engine)) < 0) snprintf(err, sizeof(err), "engine: %s", kvl_strerror(rc));
   d.boot_sched = NULL;
   if (rc < 0) {

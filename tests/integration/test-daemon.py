@@ -9,6 +9,8 @@ Python grpcio client, HTTP and signals.
   - cancelling a stream mid-way ends the request and frees its KV blocks
   - /metrics parses with prometheus_client and its counters equal the traffic sent
   - SIGTERM while 8 streams run: all 8 finish, new calls are refused, exit code 0
+  - restart: the prefix cache comes back from the snapshot written at shutdown (same output,
+    prompt blocks cached); a damaged snapshot is discarded with a warning
 
 usage: test-daemon.py KVLINGOD KVLINGO PROTO_DIR real MODELS_DIR
        test-daemon.py KVLINGOD KVLINGO PROTO_DIR tiny TINY_GGUF_TOOL
@@ -49,6 +51,7 @@ check = Checks()
 
 
 TOKEN, ADMIN = "s3cret-token", "admin-token"
+spill_dir = tempfile.mkdtemp(prefix="kvl-spill-")
 cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
 cfg.write(f"""
 listen: 127.0.0.1
@@ -60,7 +63,7 @@ max_prompt_tokens: 512
 max_new_tokens: 1024
 drain_s: 60
 log_level: info
-spill_dir: {tempfile.mkdtemp(prefix="kvl-spill-")}
+spill_dir: {spill_dir}
 models:
   - name: small
     path: {small}
@@ -363,6 +366,57 @@ rc = d.wait(timeout=120)
 check(all(r == (24, pb.FINISH_REASON_LENGTH) for r in results), f"SIGTERM: all 8 streams completed: {results}")
 check(refused and not_serving, "SIGTERM: new calls refused, health NOT_SERVING")
 check(rc == 0, f"SIGTERM: exit code {rc}")
+
+# ---- the prefix caches survive a restart (cache snapshots) --------------------------------
+def launch(tag):
+    lg = open(os.path.join(tempfile.gettempdir(), f"kvlingod-test-{tag}.log"), "w")
+    p = subprocess.Popen([kvlingod, "--config", cfg.name], stdout=subprocess.PIPE, stderr=lg, text=True)
+    ln = p.stdout.readline()
+    if not ln.startswith("kvlingod listening"):
+        print("daemon did not start:", ln, open(lg.name).read()[-2000:])
+        sys.exit(1)
+    gp = dict(x.split("=", 1) for x in ln.split()[2:])["grpc"].rsplit(":", 1)[1]
+    return p, rpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{gp}")), lg.name
+
+
+def ask(stub):
+    text = "".join(f"# step {i}: add the {i}th number to the running total\n" for i in range(8)) + "def total(xs):"
+    ids, last = [], None
+    for c in stub.Generate(G(text=text, model="small", max_tokens=8, ignore_eos=True,
+                             sampling=pb.SamplingParams(temperature=0)), metadata=md, timeout=120):
+        ids += list(c.token_ids)
+        last = c
+    return ids, last.usage
+
+
+snap = os.path.join(spill_dir, "small.snapshot")
+p1, s1, _ = launch("r1")
+ref, u1 = ask(s1)
+p1.send_signal(signal.SIGTERM)
+p1.wait(timeout=120)
+check(os.path.exists(snap) and (os.stat(snap).st_mode & 0o777) == 0o600,
+      "restart: the small model's cache snapshot written at shutdown, mode 0600")
+p2, s2, log2 = launch("r2")
+out2, u2 = ask(s2)
+check(out2 == ref and u2.cached_native_tokens >= 64 and u2.prefilled_tokens < u1.prefilled_tokens,
+      f"restart: the prompt's blocks come back from the snapshot ({u2.cached_native_tokens} cached, "
+      f"{u2.prefilled_tokens} prefilled vs {u1.prefilled_tokens} before) and the output is the same")
+p2.send_signal(signal.SIGTERM)
+p2.wait(timeout=120)
+check('"snapshot_loaded"' in open(log2).read(), "restart: the log says the snapshot was loaded")
+with open(snap, "r+b") as f:  # one flipped byte in the middle: refused whole, removed, never trusted
+    f.seek(os.path.getsize(snap) // 2)
+    b = f.read(1)
+    f.seek(-1, 1)
+    f.write(bytes([b[0] ^ 0x5A]))
+p3, s3, log3 = launch("r3")
+out3, u3 = ask(s3)
+p3.send_signal(signal.SIGTERM)
+p3.wait(timeout=120)
+lg3 = open(log3).read()
+check('"snapshot_discarded"' in lg3 and out3 == ref and u3.cached_native_tokens == 0,
+      f"restart: a damaged snapshot is discarded with a warning and the daemon serves from scratch "
+      f"({u3.cached_native_tokens} cached)")
 if check.failed:
     print(open(log.name).read()[-3000:])
 sys.exit(1 if check.failed else 0)
