@@ -45,6 +45,12 @@ def main():
     bar_corner(ax, small["value"], large["value"], False)
     ax.plot([0], [small["value"]], "o", color="tab:blue", ms=9, label=f"always-small ({small['model']})")
     ax.plot([1], [large["value"]], "o", color="tab:red", ms=9, label=f"always-large ({large['model']})")
+    ax.plot([0, 1], [small["value"], large["value"]], ":", color="k", lw=0.8, label="proportional (no selectivity)")
+    bound = sorted((r for r in rows if r["setting"] == "per-token-entropy-bound"), key=lambda r: r["large_token_fraction"])
+    if bound:
+        ax.plot([0] + [r["large_token_fraction"] for r in bound] + [1],
+                [small["value"]] + [r["value"] for r in bound] + [large["value"]], "-", color="tab:green", lw=1,
+                label="bound: highest-entropy tokens, one by one, native")
     style = {"cascade": ("tab:purple", "s-", "cascade, translated handoff"),
              "cascade-tail": ("tab:orange", "D-", "cascade, translated + native tail"),
              "cascade-reprefill": ("tab:gray", "^--", "cascade, re-prefill handoff")}

@@ -15,7 +15,9 @@
  * Quality is the mean NLL per continuation token; the gain of a setting is the share of
  * always-large's improvement over always-small it keeps. Cost is the large model's share of
  * the scored tokens and the tokens it computes. The issue's bar: some τ keeps ≥ 90% of
- * the gain with ≤ 50% of the large model's tokens.
+ * the gain with ≤ 50% of the large model's tokens. A bound on what the entropy signal can
+ * do at all ("per-token-entropy-bound"): the gain kept if the 10/25/50/75% of tokens where
+ * the small model is least sure went to the large model one by one, on its native cache.
  *
  *   bench-routing [--small S.gguf --large L.gguf] [--maps DIR] [--variant distilled]
  *                 [-n 48] [--prompt 192] [--cont 64] [--window 8] [--tail 32]
@@ -268,6 +270,40 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%-18s %s tau %-5.2f  NLL %.4f  gain %5.1f%%  large tokens %5.1f%% (%.0f computed)\n", setting,
             si >= 2 ? "" : " ", si >= 2 ? tau[(si - 2) / 3] : 0.0, st.mean,
             gain_full > 0 ? 100 * sdiff.mean / gain_full : NAN, 100 * m_lf / D, m_lc / D);
+  }
+  /* How selective the signal is: were the router free to hand any single token to the
+   * large model (no cost to switching, the large model on its native cache), the share of
+   * always-large's gain it would keep by taking the tokens where the small model's entropy
+   * is highest, against taking them at random (the share itself). */
+  {
+    const size_t T = (size_t)D * C;
+    double *key = malloc(T * sizeof(double)), total = 0;
+    size_t *idx = malloc(T * sizeof(size_t));
+    for (size_t i = 0; i < T; i++) idx[i] = i, key[i] = es[i], total += ns[i] - nl[i];
+    /* sort idx by entropy, highest first (insertion into a heap would do; T is small) */
+    for (size_t i = 1; i < T; i++) {
+      size_t v = idx[i], j = i;
+      while (j > 0 && key[idx[j - 1]] < key[v]) idx[j] = idx[j - 1], j--;
+      idx[j] = v;
+    }
+    static const double SHARE[4] = {0.1, 0.25, 0.5, 0.75};
+    for (int k = 0; k < 4; k++) {
+      size_t n = (size_t)(SHARE[k] * (double)T);
+      double g = 0;
+      for (size_t i = 0; i < n; i++) g += ns[idx[i]] - nl[idx[i]];
+      double nll = 0;
+      for (size_t i = 0; i < T; i++) nll += ns[i];
+      nll = (nll - g) / (double)T;
+      json_t *r = kvl_bench_report_add(rep, large, "routing-nll", nll, "nats/token", D, 0);
+      json_object_set_new(r, "setting", json_string("per-token-entropy-bound"));
+      json_object_set_new(r, "large_token_fraction", json_real(SHARE[k]));
+      json_object_set_new(r, "gain_fraction", json_real(total > 0 ? g / total : NAN));
+      json_object_set_new(r, "translators", json_string("none (native caches)"));
+      fprintf(stderr, "per-token bound      the %2.0f%% highest-entropy tokens to the large model: gain %5.1f%%\n",
+              100 * SHARE[k], total > 0 ? 100 * g / total : NAN);
+    }
+    free(key);
+    free(idx);
   }
   fprintf(stderr, "time: small %.1f s, large %.1f s (%d documents of %d tokens), %d translated handoffs %.1f s\n", t_small,
           t_large, D, N, n_switch_runs, t_switch);
