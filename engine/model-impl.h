@@ -19,6 +19,8 @@ struct kvl_model {
   struct kvl_weight output;         /* output.weight, or tok_embd when tied */
   const float *output_norm;
   struct kvl_layer *layers;         /* [n_layer] */
+  struct kvl_wpack *packs;          /* backends' repacked copies: 7 per layer + output */
+  int n_packs;
 };
 
 #endif

@@ -59,7 +59,7 @@ static int get_tensor(const kvl_gguf_t *g, const char *name, int64_t cols, int64
   if (!tt || !tt->can_dequant)
     return kvl_errf(err, errlen, KVL_EBADTYPE, "tensor '%s' has type %s, which kvlingo cannot compute with yet", name,
                 kvl_type_name(t->type));
-  *w = (struct kvl_weight){t->type, cols, rows, t->data, NULL};
+  *w = (struct kvl_weight){t->type, cols, rows, t->data, NULL, NULL};
   return 0;
 }
 
@@ -121,6 +121,16 @@ static int load_qwen2(struct kvl_model *m, char *err, size_t errlen) {
         (rc = get_tensor(g, n[11], F, E, &L->w_down, NULL, err, errlen)))
       return rc;
   }
+  /* a slot per product weight for a backend's repacked copy (kvl_wpack) */
+  m->n_packs = 7 * hp->n_layer + 1;
+  m->packs = calloc((size_t)m->n_packs, sizeof(*m->packs));
+  if (!m->packs) return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory");
+  for (int i = 0; i < hp->n_layer; i++) {
+    struct kvl_layer *L = &m->layers[i];
+    struct kvl_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    for (int j = 0; j < 7; j++) ws[j]->pack = &m->packs[7 * i + j];
+  }
+  m->output.pack = &m->packs[7 * hp->n_layer];
   return 0;
 }
 
@@ -166,6 +176,8 @@ int kvl_model_open(const char *path, kvl_model_t **out, char *err, size_t errlen
 
 void kvl_model_free(kvl_model_t *m) {
   if (!m) return;
+  for (int i = 0; i < m->n_packs; i++) kvl_wpack_release(&m->packs[i]);
+  free(m->packs);
   free(m->layers);
   kvl_gguf_free(m->gguf);
   free(m);

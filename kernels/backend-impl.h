@@ -49,6 +49,13 @@ extern const struct kvl__simd kvl__simd_scalar;
 extern const struct kvl__simd kvl__simd_avx2;
 extern const struct kvl__simd kvl__simd_avx512;
 
+/* bf16 GEMMs through oneDNN on repacked weights (cpu/gemm_bf16.c): whether this process
+ * can run them, y = x·Wᵀ (+ bias) for any number of tokens (64-row blocks: batch-invariant;
+ * KVL_ENOTSUP / KVL_ENOMEM: compute it another way), and oneDNN's implementation name. */
+bool kvl__bf16_gemm_usable(void);
+int kvl__bf16_matmul(const struct kvl__simd *s, const struct kvl_weight *w, const float *x, float *y, int n_tokens);
+const char *kvl__bf16_gemm_impl(void);
+
 struct kvl_backend {
   const char *name;                  /* "cpu-avx512", ... */
   const struct kvl_backend_ops *ops;
@@ -58,6 +65,7 @@ struct kvl_backend {
               int n_tokens, float *out);
   int (*qdot_vec)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *sx, const float *cx,
                   int n_tokens, float *out);
+  int bf16_min_t; /* CPU backend: products of at least this many tokens in bf16 (0: never) */
 };
 
 #endif

@@ -128,6 +128,8 @@ static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const floa
     qdot_matmul(be, w, x, y, n_tokens);
     return;
   }
+  if (be->bf16_min_t && n_tokens >= be->bf16_min_t && w->pack && kvl__bf16_matmul(S(be), w, x, y, n_tokens) == 0)
+    return;
   if (n_tokens >= KVL__GEMM_MIN_T && be->simd != &kvl__simd_scalar) {
     blas_matmul(be, w, x, y, n_tokens);
     return;
@@ -304,11 +306,17 @@ static const struct kvl_backend_ops cpu_ops = {
   .attention = cpu_attention,
 };
 
-static kvl_backend_t be_scalar = {"cpu-scalar", &cpu_ops, &kvl__simd_scalar, NULL, NULL};
-static kvl_backend_t be_avx2 = {"cpu-avx2", &cpu_ops, &kvl__simd_avx2, NULL, NULL};
-static kvl_backend_t be_avx512 = {"cpu-avx512", &cpu_ops, &kvl__simd_avx512, NULL, NULL};
+static kvl_backend_t be_scalar = {"cpu-scalar", &cpu_ops, &kvl__simd_scalar, NULL, NULL, 0};
+static kvl_backend_t be_avx2 = {"cpu-avx2", &cpu_ops, &kvl__simd_avx2, NULL, NULL, 0};
+static kvl_backend_t be_avx512 = {"cpu-avx512", &cpu_ops, &kvl__simd_avx512, NULL, NULL, 0};
 static kvl_backend_t be_avx512vnni = {"cpu-avx512-vnni", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni,
-                                      kvl__qdot_vec_avx512vnni};
+                                      kvl__qdot_vec_avx512vnni, 0};
+/* bf16 GEMMs (oneDNN, AMX where present) for every product above the int8 decode sizes;
+ * its exact twin (prefill chunks, the attention sink) takes bf16 for every size, so a
+ * prompt's cache does not depend on how its prefill was chunked. */
+static kvl_backend_t be_avx512bf16 = {"cpu-avx512-bf16", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni,
+                                      kvl__qdot_vec_avx512vnni, KVL__QDOT_USE_T + 1};
+static kvl_backend_t be_avx512bf16_exact = {"cpu-avx512-bf16-prefill", &cpu_ops, &kvl__simd_avx512, NULL, NULL, 1};
 
 kvl_backend_t *kvl_backend_cpu_level(const char *level) {
   __builtin_cpu_init();
@@ -319,10 +327,15 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level) {
                 __builtin_cpu_supports("avx512vl");
   if (!strcmp(level, "avx512")) return avx512 ? &be_avx512 : NULL;
   if (!strcmp(level, "avx512vnni")) return avx512 && __builtin_cpu_supports("avx512vnni") ? &be_avx512vnni : NULL;
+  if (!strcmp(level, "avx512bf16"))
+    return avx512 && __builtin_cpu_supports("avx512vnni") && kvl__bf16_gemm_usable() ? &be_avx512bf16 : NULL;
   return NULL;
 }
 
-kvl_backend_t *kvl_backend_exact(kvl_backend_t *be) { return be == &be_avx512vnni ? &be_avx512 : be; }
+kvl_backend_t *kvl_backend_exact(kvl_backend_t *be) {
+  if (be == &be_avx512bf16) return &be_avx512bf16_exact;
+  return be == &be_avx512vnni ? &be_avx512 : be;
+}
 
 kvl_backend_t *kvl_backend_cpu(void) {
   static kvl_backend_t *chosen;
@@ -372,6 +385,6 @@ static void ref_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
 
 static const struct kvl_backend_ops ref_ops = {ref_supports, ref_matmul, ref_rmsnorm, ref_rope,
                                                ref_swiglu, ref_embed, ref_attention};
-static kvl_backend_t be_ref = {"ref", &ref_ops, &kvl__simd_scalar, NULL, NULL};
+static kvl_backend_t be_ref = {"ref", &ref_ops, &kvl__simd_scalar, NULL, NULL, 0};
 
 kvl_backend_t *kvl_backend_ref(void) { return &be_ref; }

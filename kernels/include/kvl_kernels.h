@@ -27,12 +27,24 @@
 #define KVL_KV_BLOCK 16 /* tokens per KV block */
 
 /* A weight matrix, used in place (usually from the GGUF mapping). */
+/* Where a backend may keep its own repacked copy of a weight (the CPU level "avx512bf16":
+ * bf16 in oneDNN's blocked layout, made at the weight's first prefill-sized product). The
+ * weight's owner provides a zeroed slot and releases it (kvl_model_free does). */
+struct kvl_wpack {
+  void *impl;
+  size_t bytes;        /* what the copy takes */
+};
+void kvl_wpack_release(struct kvl_wpack *p);
+/* Bytes of every repacked copy alive in the process (for reports and /metrics). */
+size_t kvl_wpack_total_bytes(void);
+
 struct kvl_weight {
   uint32_t type;       /* enum kvl_type */
   int64_t cols;        /* elements per row (GGUF ne[0]); the input width */
   int64_t rows;        /* number of rows (ne[1]); the output width */
   const void *data;    /* rows * kvl_row_size(type, cols) bytes */
   const float *bias;   /* optional, `rows` values added to every output row */
+  struct kvl_wpack *pack; /* optional: a slot for a backend's repacked copy (NULL: none kept) */
 };
 
 /* Storage type of the KV pool. */
@@ -110,12 +122,14 @@ enum kvl_op {
   KVL_OP_COUNT_
 };
 
-/* The CPU backend with the best SIMD path this processor has (AVX-512, AVX2 or plain
- * C), or the one forced by KVL_CPU=scalar|avx2|avx512 (an unsupported choice falls back
- * with a warning). Static: never freed. */
+/* The CPU backend with the best SIMD path this processor has (AVX-512 with the VNNI
+ * int8 decode kernels, AVX-512, AVX2 or plain C), or the one forced by
+ * KVL_CPU=scalar|avx2|avx512|avx512vnni|avx512bf16 (an unsupported choice falls back with
+ * a warning). "avx512bf16" adds bf16 prefill GEMMs (oneDNN; AMX tiles where present) on
+ * repacked weights; it is chosen only when asked for. Static: never freed. */
 kvl_backend_t *kvl_backend_cpu(void);
-/* A CPU backend with an explicit SIMD level ("scalar", "avx2", "avx512"), or NULL if
- * this processor cannot run it. For tests and benchmarks. */
+/* A CPU backend with an explicit level ("scalar", "avx2", "avx512", "avx512vnni",
+ * "avx512bf16"), or NULL if this processor cannot run it. For tests and benchmarks. */
 kvl_backend_t *kvl_backend_cpu_level(const char *level);
 /* The scalar references (kernels/ref/) behind the backend interface: a whole forward
  * pass on the slow truth, for tests. */

@@ -56,7 +56,7 @@ static double nmse(const float *a, const float *ref, size_t n) {
 }
 
 static int n_cases, n_bad;
-static double worst_i8;
+static double worst_i8, worst_bf16;
 static void report(const char *be, const char *op, const char *desc, double err, double bound) {
   n_cases++;
   bool ok = err <= bound && err == err;
@@ -84,7 +84,8 @@ static void test_matmul(kvl_backend_t *be) {
       void *wd = make_weight(ty, rows, cols);
       float *bias = malloc((size_t)rows * sizeof(float));
       fill(bias, (size_t)rows, 0.5f);
-      struct kvl_weight w = {ty, cols, rows, wd, si % 2 ? bias : NULL};
+      struct kvl_wpack slot = {0}; /* for the bf16 level's repacked copy */
+      struct kvl_weight w = {ty, cols, rows, wd, si % 2 ? bias : NULL, be->bf16_min_t ? &slot : NULL};
       float *x = malloc((size_t)T * cols * sizeof(float));
       float *y = malloc((size_t)T * rows * sizeof(float)), *yr = malloc((size_t)T * rows * sizeof(float));
       fill(x, (size_t)T * cols, 1.0f);
@@ -95,9 +96,23 @@ static void test_matmul(kvl_backend_t *be) {
                (long long)cols, T, w.bias ? " +bias" : "");
       /* the int8-activation decode path (small batches, 4 formats) has quantisation error */
       bool int8 = be->qdot && T <= KVL__QDOT_USE_T && (ty == KVL_TYPE_Q8_0 || ty == KVL_TYPE_Q5_0 || ty == KVL_TYPE_Q4_K || ty == KVL_TYPE_Q6_K);
-      report(kvl_backend_name(be), int8 ? "matmul-i8" : "matmul", desc, nmse(y, yr, (size_t)T * rows),
+      /* bf16 GEMMs: both operands rounded to 8 significant bits, fp32 accumulation */
+      bool bf16 = be->bf16_min_t && T >= be->bf16_min_t && !int8;
+      report(kvl_backend_name(be), int8 ? "matmul-i8" : bf16 ? "matmul-bf16" : "matmul", desc,
+             nmse(y, yr, (size_t)T * rows),
              /* a single dot product can be near zero: its relative error says little */
-             int8 ? (rows * T >= 8 ? 1e-3 : 5e-2) : 1e-10);
+             int8 ? (rows * T >= 8 ? 1e-3 : 5e-2) : bf16 ? (rows * T >= 8 ? 1e-4 : 1e-2) : 1e-10);
+      if (bf16) {
+        CHECK(slot.impl != NULL && slot.bytes >= (size_t)rows * (size_t)cols * 2);
+        worst_bf16 = fmax(worst_bf16, nmse(y, yr, (size_t)T * rows));
+        /* batch invariance: the first token alone, through the level's exact twin, gives the same row */
+        float *y1 = malloc((size_t)rows * sizeof(float));
+        kvl_matmul(kvl_backend_exact(be), &w, x, y1, 1);
+        CHECK(memcmp(y1, y, (size_t)rows * sizeof(float)) == 0);
+        free(y1);
+      }
+      kvl_wpack_release(&slot);
+      CHECK(slot.impl == NULL);
       if (int8 && rows * T >= 8) worst_i8 = fmax(worst_i8, nmse(y, yr, (size_t)T * rows));
       if (int8 && getenv("KVL_TEST_VERBOSE")) printf("  i8 %-40s nmse %.2e\n", desc, nmse(y, yr, (size_t)T * rows));
       free(wd); free(bias); free(x); free(y); free(yr);
@@ -168,7 +183,7 @@ static void test_dequant(kvl_backend_t *be) {
 static void test_embed(kvl_backend_t *be) {
   for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++) {
     void *wd = make_weight(wtypes[ti], 50, 256);
-    struct kvl_weight w = {wtypes[ti], 256, 50, wd, NULL};
+    struct kvl_weight w = {wtypes[ti], 256, 50, wd, NULL, NULL};
     int32_t ids[] = {0, 49, 7, 7};
     float y[4 * 256], yr[4 * 256];
     kvl_embed(be, &w, ids, y, 4);
@@ -298,7 +313,7 @@ static void perf(kvl_backend_t *be) {
       int64_t rows = 4864, cols = 1536;
       int T = Ts[j];
       void *wd = make_weight(pt[i], rows, cols);
-      struct kvl_weight w = {pt[i], cols, rows, wd, NULL};
+      struct kvl_weight w = {pt[i], cols, rows, wd, NULL, NULL};
       float *x = malloc((size_t)T * cols * 4), *y = malloc((size_t)T * rows * 4);
       fill(x, (size_t)T * cols, 1);
       kvl_matmul(be, &w, x, y, T);
@@ -314,9 +329,9 @@ static void perf(kvl_backend_t *be) {
 }
 
 int main(int argc, char **argv) {
-  const char *levels[] = {"scalar", "avx2", "avx512", "avx512vnni"};
+  const char *levels[] = {"scalar", "avx2", "avx512", "avx512vnni", "avx512bf16"};
   bool do_perf = argc > 1 && !strcmp(argv[1], "--perf");
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 5; i++) {
     kvl_backend_t *be = kvl_backend_cpu_level(levels[i]);
     if (!be) { printf("skip %s (not supported by this processor)\n", levels[i]); continue; }
     if (do_perf) { perf(be); continue; }
@@ -332,7 +347,8 @@ int main(int argc, char **argv) {
   if (!do_perf) {
     RUN(test_kv);
     RUN(test_qdot_vec);
-    printf("%d cases, %d failed; int8 decode path worst nmse %.2e\n", n_cases, n_bad, worst_i8);
+    printf("%d cases, %d failed; int8 decode path worst nmse %.2e; bf16 GEMM worst nmse %.2e\n", n_cases, n_bad,
+           worst_i8, worst_bf16);
   }
   return TEST_EXIT();
 }
