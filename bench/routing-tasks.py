@@ -103,7 +103,7 @@ def run_setting(http, name, model, tasks, max_tokens, threshold=None):
         ok, detail = sandboxed(program(t, text))
         rows.append({"id": t["id"], "passed": ok, "tokens": n, "large_tokens": large_tokens, "wall_s": wall,
                      "decision": route.get("decision", ""), "handoff_token": route.get("handoff_token", -1),
-                     "detail": "" if ok else detail})
+                     "detail": "" if ok else detail, "completion": text})
         print(f"  {name:<22} {i + 1:>2}/{len(tasks)} {t['id']:<22} {'pass' if ok else 'FAIL'} {n:>3} tokens "
               f"({large_tokens} large) {wall:5.1f} s {'' if ok else detail[:60]}", flush=True)
     return rows
