@@ -80,6 +80,10 @@ def main():
         total = lg["large_tokens"] or 1
         ax.plot([0], [s["value"]], "o", color="tab:blue", ms=9, label="always-small")
         ax.plot([1], [lg["value"]], "o", color="tab:red", ms=9, label="always-large")
+        tp = next((r for r in rows if r["setting"] == "large-on-translated-prompt"), None)
+        if tp:
+            ax.plot([tp["large_tokens"] / total], [tp["value"]], "x", color="tab:red", ms=9, mew=2,
+                    label="1.5B on the prompt translated from the 0.5B")
         rs = sorted((r for r in rows if r["setting"] == "cascade"), key=lambda r: r["large_tokens"])
         ax.plot([r["large_tokens"] / total for r in rs], [r["value"] for r in rs], "s-", color="tab:purple",
                 label=f"cascade ({tasks.get('translators', '')} translators)")

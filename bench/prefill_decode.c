@@ -178,6 +178,8 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     json_object_set_new(res, "kv", json_string(kvname));
     json_object_set_new(res, "threads", json_integer(threads));
     json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
+    /* the memory the backend's repacked weight copies take (the avx512bf16 level) */
+    json_object_set_new(res, "repacked_mib", json_real((double)kvl_wpack_total_bytes() / (1 << 20)));
     printf("%-20s %-7s %9.1f tokens/s  (sd %.1f, %d runs)\n", name, test, st.median, st.sd, o->runs);
   }
 

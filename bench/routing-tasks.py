@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """routing-tasks.py — Benchmark 3, pass-rate half (test "routing-tasks"): Python tasks
 with tests, answered through kvlingod's OpenAI-compatible API by always-small,
-always-large, and `auto` under the cascade router at several entropy thresholds; quality
+always-large (prompts computed natively), the 1.5B on prompts translated from the 0.5B's
+cache, and `auto` under the cascade router at several entropy thresholds; quality
 is the share of tasks whose tests pass, cost the large model's generated tokens and the
 wall time at the client.
 
     .venv/bin/python bench/routing-tasks.py [--kvlingod build/daemon/kvlingod]
         [--tasks bench/tasks/python-tasks.jsonl] [--thresholds 0.4,0.7,1.0,1.5]
         [--window 8] [--native-tail 32] [--max-tokens 256] [--out bench/results] [--check]
+        [--settings baselines,translated,cascade] [--translated-tails 1,32] [--append]
 
 Each task is a function signature and docstring (our own, bench/tasks/python-tasks.jsonl);
 the model completes the body (greedy, stopped at the next top-level statement). The
@@ -76,9 +78,9 @@ def program(task, body):
     return task["prompt"] + body + "\n\n" + task["tests"] + "\n"
 
 
-def complete(http, model, prompt, max_tokens):
+def complete(http, model, prompt, max_tokens, reprefill=False):
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                       "stop": STOPS}).encode()
+                       "stop": STOPS, "reprefill": reprefill}).encode()
     req = urllib.request.Request(f"http://{http}/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
@@ -87,10 +89,10 @@ def complete(http, model, prompt, max_tokens):
     return out, time.perf_counter() - t0
 
 
-def run_setting(http, name, model, tasks, max_tokens, threshold=None):
+def run_setting(http, name, model, tasks, max_tokens, reprefill=False):
     rows = []
     for i, t in enumerate(tasks):
-        out, wall = complete(http, model, t["prompt"], max_tokens)
+        out, wall = complete(http, model, t["prompt"], max_tokens, reprefill)
         text = out["choices"][0]["text"]
         n = out["usage"]["completion_tokens"]
         kv = out.get("kvlingo", {})
@@ -101,7 +103,9 @@ def run_setting(http, name, model, tasks, max_tokens, threshold=None):
         else:
             large_tokens = n if served == LARGE else 0
         ok, detail = sandboxed(program(t, text))
+        usage = kv.get("usage", {})
         rows.append({"id": t["id"], "passed": ok, "tokens": n, "large_tokens": large_tokens, "wall_s": wall,
+                     "translated_tokens": usage.get("translated_tokens", 0),
                      "decision": route.get("decision", ""), "handoff_token": route.get("handoff_token", -1),
                      "detail": "" if ok else detail, "completion": text})
         print(f"  {name:<22} {i + 1:>2}/{len(tasks)} {t['id']:<22} {'pass' if ok else 'FAIL'} {n:>3} tokens "
@@ -118,7 +122,9 @@ def summary(name, rows, threshold, window):
             "passed": sum(r["passed"] for r in rows), "tasks": n, "tokens": tok,
             "large_tokens": sum(r["large_tokens"] for r in rows),
             "large_token_fraction": round(sum(r["large_tokens"] for r in rows) / max(tok, 1), 4),
-            "escalated": sum(r["handoff_token"] >= 0 for r in rows), "wall_s": round(sum(r["wall_s"] for r in rows), 1),
+            "escalated": sum(r["handoff_token"] >= 0 for r in rows),
+            "translated_tokens": sum(r["translated_tokens"] for r in rows),
+            "wall_s": round(sum(r["wall_s"] for r in rows), 1),
             "wall_median_s": round(statistics.median(r["wall_s"] for r in rows), 2), "per_task": rows}
 
 
@@ -133,6 +139,12 @@ def main():
                     help="router.handoff_native_tail: positions the large model computes itself at the handoff")
     ap.add_argument("--translators", default="distilled", help="translator files X-to-Y.<this>.safetensors ('' = closed form)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--settings", default="baselines,translated,cascade",
+                    help="which settings to run: baselines, translated, cascade")
+    ap.add_argument("--translated-tails", default="1,32",
+                    help="translate_native_tail values for the 1.5B on prompts translated from the 0.5B")
+    ap.add_argument("--append", action="store_true",
+                    help="merge into the existing results file (same setting, threshold and tail replaced)")
     ap.add_argument("--check", action="store_true", help="run the reference solutions through the sandbox; measure nothing")
     a = ap.parse_args()
     tasks = [json.loads(line) for line in open(a.tasks) if line.strip()]
@@ -143,30 +155,61 @@ def main():
         return 1 if bad else 0
     results = []
     thresholds = [float(x) for x in a.thresholds.split(",") if x]
-    d = Daemon(a.kvlingod, translators=a.translators)
-    for name, model in (("always-small", SMALL), ("always-large", LARGE)):
-        print(f"{name}:", flush=True)
-        results.append(summary(name, run_setting(d.http, name, model, tasks, a.max_tokens), None, None))
-    d.stop()
-    for tau in thresholds:
-        name = f"cascade {tau:g}"
-        print(f"{name}:", flush=True)
-        d = Daemon(a.kvlingod, translators=a.translators,
-                   extra_yaml=f"router: {{policy: cascade, small: {SMALL}, large: {LARGE}, "
-                              f"handoff_native_tail: {a.native_tail}, "
-                              f"cascade: {{window: {a.window}, max_mean_entropy: {tau}}}}}\n")
-        results.append(summary("cascade", run_setting(d.http, name, "auto", tasks, a.max_tokens, tau), tau, a.window))
-        results[-1]["native_tail"] = a.native_tail
+    want = set(a.settings.split(","))
+    if "baselines" in want:
+        # computed natively (`reprefill`: no other model's cached lines translated, no
+        # translated line reused)
+        d = Daemon(a.kvlingod, translators=a.translators)
+        for name, model in (("always-small", SMALL), ("always-large", LARGE)):
+            print(f"{name}:", flush=True)
+            results.append(summary(name, run_setting(d.http, name, model, tasks, a.max_tokens, True), None, None))
         d.stop()
-    small, large = results[0]["value"], results[1]["value"]
-    large_tok = results[1]["large_tokens"]
+    if "translated" in want:
+        # the stateless protocol: the 0.5B has computed the prompt (one token asked of it),
+        # then the 1.5B gets the same prompt and translates it from the 0.5B's cache, all but
+        # the last `translate_native_tail` positions; a fresh daemon per tail
+        for tail in [int(x) for x in a.translated_tails.split(",") if x]:
+            name = f"large-on-translated-prompt (tail {tail})"
+            print(f"{name}:", flush=True)
+            d = Daemon(a.kvlingod, translators=a.translators, extra_yaml=f"translate_native_tail: {tail}\n")
+            for t in tasks:
+                complete(d.http, SMALL, t["prompt"], 1, True)
+            results.append(summary("large-on-translated-prompt", run_setting(d.http, name, LARGE, tasks, a.max_tokens),
+                                   None, None))
+            results[-1]["native_tail"] = tail
+            d.stop()
+    if "cascade" in want:
+        for tau in thresholds:
+            name = f"cascade {tau:g}"
+            print(f"{name}:", flush=True)
+            d = Daemon(a.kvlingod, translators=a.translators,
+                       extra_yaml=f"router: {{policy: cascade, small: {SMALL}, large: {LARGE}, "
+                                  f"handoff_native_tail: {a.native_tail}, "
+                                  f"cascade: {{window: {a.window}, max_mean_entropy: {tau}}}}}\n")
+            results.append(summary("cascade", run_setting(d.http, name, "auto", tasks, a.max_tokens), tau, a.window))
+            results[-1]["native_tail"] = a.native_tail
+            d.stop()
+    path = os.path.join(a.out, "routing-tasks.json")
+    command = None
+    if a.append and os.path.exists(path):  # keep the earlier run's other settings, with its command
+        old = json.load(open(path))
+        for r in old["results"]:  # files from before translate_native_tail: the tail was 1
+            if r["setting"] == "large-on-translated-prompt":
+                r.setdefault("native_tail", 1)
+        key = lambda r: (r["setting"], r.get("max_mean_entropy"), r.get("native_tail"))  # noqa: E731
+        mine = {key(r) for r in results}
+        results = [r for r in old["results"] if key(r) not in mine] + results
+        command = old["command"] + " ; " + " ".join(sys.argv)
+    small = next(r for r in results if r["setting"] == "always-small")["value"]
+    lr = next(r for r in results if r["setting"] == "always-large")
+    large, large_tok = lr["value"], lr["large_tokens"]
     for r in results:
         r["gain_fraction"] = round((r["value"] - small) / (large - small), 3) if large != small else None
         r["large_tokens_vs_always_large"] = round(r["large_tokens"] / large_tok, 3) if large_tok else None
-    rep = report("routing-tasks", results)
+    rep = report("routing-tasks", results, command)
     rep["translators"] = a.translators or "closed-form"
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "routing-tasks.json"), "w") as f:
+    with open(path, "w") as f:
         json.dump(rep, f, indent=2)
         f.write("\n")
     with open(os.path.join(a.out, "routing-tasks.md"), "w") as f:
@@ -176,14 +219,16 @@ def main():
                 f"cascade: the 0.5B answers, the 1.5B takes over from the translated cache ({rep['translators']} "
                 f"translators; the last {a.native_tail} positions computed natively) once the mean entropy of the "
                 f"last {a.window} tokens passes the threshold.\n\n"
-                "| setting | threshold | passed | gain kept | large tokens (vs always-large) | escalated | wall s |\n"
-                "|---|---:|---:|---:|---:|---:|---:|\n")
+                "| setting | threshold | passed | gain kept | large tokens (vs always-large) | escalated | "
+                "positions translated | wall s |\n"
+                "|---|---:|---:|---:|---:|---:|---:|---:|\n")
         for r in results:
             g = "" if r["gain_fraction"] is None else f"{100 * r['gain_fraction']:.0f}%"
             lt = "" if r["large_tokens_vs_always_large"] is None else f"{100 * r['large_tokens_vs_always_large']:.0f}%"
-            f.write(f"| {r['setting']} | {'' if r['max_mean_entropy'] is None else r['max_mean_entropy']} | "
+            label = r["setting"] + (f" (native tail {r['native_tail']})" if r.get("native_tail") else "")
+            f.write(f"| {label} | {'' if r['max_mean_entropy'] is None else r['max_mean_entropy']} | "
                     f"{r['passed']}/{r['tasks']} ({r['value']:.1f}%) | {g} | {r['large_tokens']} ({lt}) | "
-                    f"{r['escalated']} | {r['wall_s']:.0f} |\n")
+                    f"{r['escalated']} | {r['translated_tokens']} | {r['wall_s']:.0f} |\n")
     print(open(os.path.join(a.out, "routing-tasks.md")).read())
     return 0
 

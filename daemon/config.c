@@ -51,6 +51,7 @@ void kvld_config_defaults(struct kvld_config *c, const char *source_root) {
   snprintf(c->router.small, sizeof(c->router.small), "%s", pair[0][0]);
   snprintf(c->router.large, sizeof(c->router.large), "%s", pair[1][0]);
   c->cache_snapshot = true;
+  c->translate_native_tail = 1;
   c->router.cascade_window = 8;
   c->router.handoff_native_tail = 1;
   c->router.cascade_max_mean_entropy = 2.0;
@@ -278,6 +279,7 @@ static void walk_root(struct walk *w, yaml_node_t *n, struct kvld_config *c) {
     INT_FIELD("default_max_tokens", 1, 1 << 24, c->default_max_tokens)
     INT_FIELD("max_concurrent", 1, 1 << 20, c->max_concurrent)
     INT_FIELD("step_tokens", 16, 1 << 16, c->step_tokens)
+    INT_FIELD("translate_native_tail", 1, 4096, c->translate_native_tail)
     if (!strcmp(k, "default_deadline_s")) { get_double(w, vn, path, 0, 1e6, &c->default_deadline_s); continue; }
     if (!strcmp(k, "drain_s")) { get_double(w, vn, path, 0, 3600, &c->drain_s); continue; }
     if (!strcmp(k, "models")) {

@@ -59,6 +59,9 @@ struct kvld_config {
   char default_model[64];    /* what "auto" / "" means until the router lands */
   char spill_dir[1024];      /* where the models' disk tiers and cache snapshots live */
   bool cache_snapshot;       /* save the prefix caches at shutdown, load them at start */
+  int translate_native_tail; /* every request: its last N positions computed natively, never
+                                translated (1: only the last; the router's handoffs take the
+                                larger of this and router.handoff_native_tail) */
   char replica_id[128];      /* this replica's name in responses (default: the hostname) */
   double conversation_ttl_s; /* a conversation's kept lines expire after this idle time */
   struct {                   /* what model "auto" means */

@@ -276,7 +276,7 @@ void kvld_route(struct kvld *d, struct kvld_gen_params *p, struct kvl_request *q
     q->cascade.window = d->cfg.router.cascade_window;
     q->cascade.max_mean_entropy = (float)d->cfg.router.cascade_max_mean_entropy;
     q->cascade.min_logprob = (float)d->cfg.router.cascade_min_logprob;
-    q->native_tail = d->cfg.router.handoff_native_tail;
+    if (d->cfg.router.handoff_native_tail > q->native_tail) q->native_tail = d->cfg.router.handoff_native_tail;
     snprintf(r->reason, sizeof(r->reason),
              "cascade: %s answers; %s takes over if the mean entropy over %d tokens exceeds %.3g nats%s", d->models[small].name,
              d->models[large].name, q->cascade.window, d->cfg.router.cascade_max_mean_entropy,
@@ -287,7 +287,7 @@ void kvld_route(struct kvld *d, struct kvld_gen_params *p, struct kvl_request *q
       set(r, policy, "prefill-offload");
       q->prefill_on.on = true;
       q->prefill_on.model = d->models[small].sched_id;
-      q->native_tail = d->cfg.router.handoff_native_tail;
+      if (d->cfg.router.handoff_native_tail > q->native_tail) q->native_tail = d->cfg.router.handoff_native_tail;
       snprintf(r->reason, sizeof(r->reason), "prompt of %d tokens >= %d: %s prefills, %s decodes from the translated cache",
                (int)p->n_prompt, d->cfg.router.prefill_offload_min_tokens, d->models[small].name, d->models[large].name);
     } else {

@@ -237,6 +237,15 @@ check(mval(fam, "kvlingo:handoffs_total", source="small", target="large") == 1 a
       "cascade: /metrics counts the handoff and the decision")
 out, models, last = generate(casc, prompt, "large", 4)
 check(last.routing.policy == "requested" and models == ["large"] * len(models), "a named model is not routed")
+# translate_native_tail: every request computes its last 8 positions itself; the stateless
+# protocol translates the rest of the prompt from the small model's indexed (full) blocks
+tl8, _ = start(two, tr_two, "translate_native_tail: 8\n", replica="tail8")
+generate(tl8, prompt, "small", 1)
+_, _, lt8 = generate(tl8, prompt, "large", 2)
+want8 = (len(prompt) - 8) // 16 * 16  # whole indexed blocks before the tail
+check(lt8.usage.translated_tokens == want8,
+      f"translate_native_tail 8: {lt8.usage.translated_tokens} positions translated (want {want8}), "
+      f"{lt8.usage.prefilled_tokens} prefilled")
 # router.handoff_native_tail: the large model computes the last 8 positions itself
 casc8, _ = start(two, tr_two, "router:\n  policy: cascade\n  handoff_native_tail: 8\n"
                               "  cascade: {window: 3, max_mean_entropy: 0.001}\n", replica="casc8")
