@@ -12,6 +12,8 @@
  *                  `tail` tokens and computing those natively (a hybrid handoff);
  *   cascade-reprefill τ   the same switch points, the large model computing the whole
  *                  history itself (what a router without translation pays).
+ * --head N: in the translated handoffs the large model also computes the first N positions
+ * itself (the attention sink), translating only what lies between head and tail.
  * Quality is the mean NLL per continuation token; the gain of a setting is the share of
  * always-large's improvement over always-small it keeps. Cost is the large model's share of
  * the scored tokens and the tokens it computes. The issue's bar: some τ keeps ≥ 90% of
@@ -20,7 +22,7 @@
  * the small model is least sure went to the large model one by one, on its native cache.
  *
  *   bench-routing [--small S.gguf --large L.gguf] [--maps DIR] [--variant distilled]
- *                 [-n 48] [--prompt 192] [--cont 64] [--window 8] [--tail 32]
+ *                 [-n 48] [--prompt 192] [--cont 64] [--window 8] [--tail 32] [--head 0]
  *                 [--thresholds 0.5,0.75,1,1.25,1.5,2,2.5,3] [--out DIR]
  *
  * Documents: -n/2 code and -n/2 prose from the held-out split (one per file). The pass
@@ -70,14 +72,14 @@ int main(int argc, char **argv) {
   kvl_bench_model_path("1.5b", paths[1], sizeof(paths[1]));
   snprintf(maps, sizeof(maps), "%s/translator/maps", KVL_BENCH_SOURCE_ROOT);
   snprintf(split, sizeof(split), "%s/translator/corpus/split.tsv", KVL_BENCH_SOURCE_ROOT);
-  int n_docs = 48, P = 192, C = 64, w = 8, tail = 32;
+  int n_docs = 48, P = 192, C = 64, w = 8, tail = 32, head = 0;
   double tau[MAX_TAU];
   int n_tau = parse_list("0.5,0.75,1,1.25,1.5,2,2.5,3", tau, MAX_TAU);
   const char *out = "bench/results", *variant = "distilled";
   static const struct option opts[] = {{"small", required_argument, 0, 'S'}, {"large", required_argument, 0, 'L'},
                                        {"maps", required_argument, 0, 'M'}, {"variant", required_argument, 0, 'V'},
                                        {"prompt", required_argument, 0, 'P'}, {"cont", required_argument, 0, 'C'},
-                                       {"window", required_argument, 0, 'W'}, {"tail", required_argument, 0, 'K'}, {"thresholds", required_argument, 0, 'T'},
+                                       {"window", required_argument, 0, 'W'}, {"tail", required_argument, 0, 'K'}, {"head", required_argument, 0, 'H'}, {"thresholds", required_argument, 0, 'T'},
                                        {"out", required_argument, 0, 'O'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
@@ -90,13 +92,15 @@ int main(int argc, char **argv) {
     case 'C': C = atoi(optarg); break;
     case 'W': w = atoi(optarg); break;
     case 'K': tail = atoi(optarg); break;
+    case 'H': head = atoi(optarg); break;
     case 'T': n_tau = parse_list(optarg, tau, MAX_TAU); break;
     case 'O': out = optarg; break;
     case 'n': n_docs = atoi(optarg); break;
     default:
       fprintf(c == 'h' ? stdout : stderr,
               "usage: bench-routing [--small S.gguf --large L.gguf] [--maps DIR] [--variant distilled] [-n 48]\n"
-              "                     [--prompt 192] [--cont 64] [--window 8] [--tail 32] [--thresholds 0.5,1,2] [--out DIR]\n");
+              "                     [--prompt 192] [--cont 64] [--window 8] [--tail 32] [--head 0] [--thresholds 0.5,1,2]\n"
+              "                     [--out DIR]\n");
       return c == 'h' ? 0 : 2;
     }
   }
@@ -182,7 +186,11 @@ int main(int argc, char **argv) {
           if (h < 1) h = 1;
           kvl_line_t *lt = kvl_line_new(sd[1].pool);
           t0 = kvl_bench_now();
-          if (kvl_bench_line_translate(&sd[0], &sd[1], lt, ls, 0, h, (kvl_writer_t)1, false, "bench-routing") < 0) return 1;
+          int32_t h0 = head < h ? head : 0; /* --head: the first positions computed natively too */
+          double hv = 0;
+          int hk = 0;
+          if (h0 > 0 && kvl_bench_line_score(&sd[1], lt, seq, 0, h0, N, N, &hv, &hk, NULL, NULL) < 0) return 1;
+          if (kvl_bench_line_translate(&sd[0], &sd[1], lt, ls, h0, h, (kvl_writer_t)1, false, "bench-routing") < 0) return 1;
           int kk = 0;
           if (kvl_bench_line_score(&sd[1], lt, seq, h, N, P - 1 + s, N, &v, &kk, NULL, NULL) < 0) return 1;
           t_switch += kvl_bench_now() - t0;
@@ -249,6 +257,7 @@ int main(int argc, char **argv) {
       json_object_set_new(r, "max_mean_entropy", json_real(tau[(si - 2) / 3]));
       json_object_set_new(r, "window", json_integer(w));
       json_object_set_new(r, "native_tail", json_integer((si - 2) % 3 == 0 ? 1 : (si - 2) % 3 == 1 ? tail : P + C));
+      if ((si - 2) % 3 < 2) json_object_set_new(r, "native_head", json_integer(head));
     }
     double m_lf = 0, m_lc = 0, dom_q[2] = {0}, dom_n[2] = {0};
     for (int32_t di = 0; di < D; di++) {
