@@ -4,7 +4,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "bench_common.h"
 #include "kvl_error.h"
 
 static float *g_logits;
@@ -90,4 +92,40 @@ int kvl_bench_line_translate(struct kvl_bench_side *from_side, struct kvl_bench_
   free(pos);
   if (rc < 0) fprintf(stderr, "%s: %s\n", who, err);
   return rc;
+}
+
+int kvl_bench_pair_open(char paths[2][4200], const char *maps, const char *variant, size_t blocks,
+                        struct kvl_bench_side sd[2], const char *who) {
+  char err[512];
+  memset(sd, 0, 2 * sizeof(*sd));
+  for (int i = 0; i < 2; i++) {
+    if (kvl_model_open(paths[i], &sd[i].m, err, sizeof(err)) < 0) {
+      fprintf(stderr, "%s: %s\n", who, err);
+      return KVL_EINVAL;
+    }
+    struct kvl_kv_layout kl = kvl_model_kv_layout(sd[i].m, KVL_KV_BF16);
+    struct kvl_pool_config pc = {kl, blocks * kvl_kv_block_bytes(&kl), 0, 0, NULL};
+    int rc = kvl_pool_new(&pc, &sd[i].pool);
+    if (rc < 0) return rc;
+  }
+  for (int i = 0; i < 2; i++) {
+    char p[8600];
+    kvl_translator_t *t;
+    snprintf(p, sizeof(p), "%s/%s-to-%s%s%s.safetensors", maps, kvl_bench_model_name(paths[i]),
+             kvl_bench_model_name(paths[1 - i]), *variant ? "." : "", variant);
+    if (kvl_translator_load(p, &t, err, sizeof(err)) < 0) {
+      fprintf(stderr, "%s: %s\n", who, err);
+      return KVL_EINVAL;
+    }
+    sd[i].to_other = t;
+  }
+  return 0;
+}
+
+void kvl_bench_pair_close(struct kvl_bench_side sd[2]) {
+  for (int i = 0; i < 2; i++) {
+    kvl_translator_free((kvl_translator_t *)sd[i].to_other);
+    kvl_pool_free(sd[i].pool);
+    kvl_model_free(sd[i].m);
+  }
 }

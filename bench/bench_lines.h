@@ -41,6 +41,13 @@ int kvl_bench_line_translate(struct kvl_bench_side *from_side, struct kvl_bench_
                              const kvl_line_t *src, int32_t from, int32_t to, kvl_writer_t writer, bool any_source,
                              const char *who);
 
+/* Open the pair paths[0], paths[1]: each model beside a bf16 KV pool of `blocks` blocks,
+ * and the translators <maps>/<a>-to-<b>[.<variant>].safetensors both ways (sd[i].to_other;
+ * variant "" = the closed form). Errors are printed with the benchmark's name. */
+int kvl_bench_pair_open(char paths[2][4200], const char *maps, const char *variant, size_t blocks,
+                        struct kvl_bench_side sd[2], const char *who);
+void kvl_bench_pair_close(struct kvl_bench_side sd[2]);
+
 /* Free the scoring scratch (logits) at the end of a benchmark. */
 void kvl_bench_lines_done(void);
 

@@ -68,22 +68,8 @@ int main(int argc, char **argv) {
   }
   char err[512];
   struct kvl_bench_side sd[2];
-  kvl_translator_t *tr[2];
   const int32_t L = TURNS * (tu + tc);
-  for (int i = 0; i < 2; i++) {
-    if (kvl_model_open(paths[i], &sd[i].m, err, sizeof(err)) < 0) { fprintf(stderr, "bench-multiturn: %s\n", err); return 1; }
-    struct kvl_kv_layout kl = kvl_model_kv_layout(sd[i].m, KVL_KV_BF16);
-    size_t blocks = 6 * ((size_t)L / KVL_KV_BLOCK + 2);
-    struct kvl_pool_config pc = {kl, blocks * kvl_kv_block_bytes(&kl), 0, 0, NULL};
-    if (kvl_pool_new(&pc, &sd[i].pool) < 0) return 1;
-  }
-  for (int i = 0; i < 2; i++) {
-    char p[8600];
-    snprintf(p, sizeof(p), "%s/%s-to-%s%s%s.safetensors", maps, kvl_bench_model_name(paths[i]),
-             kvl_bench_model_name(paths[1 - i]), *variant ? "." : "", variant);
-    if (kvl_translator_load(p, &tr[i], err, sizeof(err)) < 0) { fprintf(stderr, "bench-multiturn: %s\n", err); return 1; }
-    sd[i].to_other = tr[i];
-  }
+  if (kvl_bench_pair_open(paths, maps, variant, 6 * ((size_t)L / KVL_KV_BLOCK + 2), sd, "bench-multiturn") < 0) return 1;
   kvl_tokenizer_t *tk;
   if (kvl_tokenizer_from_gguf(kvl_model_gguf(sd[0].m), &tk, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
   struct kvl_corpus_opts co = {.split_tsv = split, .split = "heldout", .domain = NULL, .ctx = L, .min_tokens = L,
@@ -170,10 +156,6 @@ int main(int argc, char **argv) {
   free(nll);
   kvl_bench_lines_done();
   kvl_tokenizer_free(tk);
-  for (int i = 0; i < 2; i++) {
-    kvl_translator_free(tr[i]);
-    kvl_pool_free(sd[i].pool);
-    kvl_model_free(sd[i].m);
-  }
+  kvl_bench_pair_close(sd);
   return rc < 0 ? 1 : 0;
 }

@@ -66,6 +66,12 @@ static int32_t switch_point(const double *ent, int32_t C, int w, double tau) {
   return C;
 }
 
+static const double *g_ent; /* qsort's key: the small model's entropies */
+static int by_entropy_desc(const void *a, const void *b) {
+  double x = g_ent[*(const size_t *)a], y = g_ent[*(const size_t *)b];
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
 int main(int argc, char **argv) {
   static char paths[2][4200], maps[4200], split[4200];
   kvl_bench_model_path("0.5b", paths[0], sizeof(paths[0]));
@@ -111,21 +117,8 @@ int main(int argc, char **argv) {
   }
   char err[512];
   struct kvl_bench_side sd[2];
-  kvl_translator_t *tr;
   const int32_t N = P + C;
-  for (int i = 0; i < 2; i++) {
-    if (kvl_model_open(paths[i], &sd[i].m, err, sizeof(err)) < 0) { fprintf(stderr, "bench-routing: %s\n", err); return 1; }
-    struct kvl_kv_layout kl = kvl_model_kv_layout(sd[i].m, KVL_KV_BF16);
-    size_t blocks = 4 * ((size_t)N / KVL_KV_BLOCK + 2);
-    struct kvl_pool_config pc = {kl, blocks * kvl_kv_block_bytes(&kl), 0, 0, NULL};
-    if (kvl_pool_new(&pc, &sd[i].pool) < 0) return 1;
-    sd[i].to_other = NULL;
-  }
-  char tp[8600];
-  snprintf(tp, sizeof(tp), "%s/%s-to-%s%s%s.safetensors", maps, kvl_bench_model_name(paths[0]),
-           kvl_bench_model_name(paths[1]), *variant ? "." : "", variant);
-  if (kvl_translator_load(tp, &tr, err, sizeof(err)) < 0) { fprintf(stderr, "bench-routing: %s\n", err); return 1; }
-  sd[0].to_other = tr;
+  if (kvl_bench_pair_open(paths, maps, variant, 4 * ((size_t)N / KVL_KV_BLOCK + 2), sd, "bench-routing") < 0) return 1;
   kvl_tokenizer_t *tk;
   if (kvl_tokenizer_from_gguf(kvl_model_gguf(sd[0].m), &tk, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
   /* half code, half prose */
@@ -286,15 +279,11 @@ int main(int argc, char **argv) {
    * is highest, against taking them at random (the share itself). */
   {
     const size_t T = (size_t)D * C;
-    double *key = malloc(T * sizeof(double)), total = 0;
+    double total = 0;
     size_t *idx = malloc(T * sizeof(size_t));
-    for (size_t i = 0; i < T; i++) idx[i] = i, key[i] = es[i], total += ns[i] - nl[i];
-    /* sort idx by entropy, highest first (insertion into a heap would do; T is small) */
-    for (size_t i = 1; i < T; i++) {
-      size_t v = idx[i], j = i;
-      while (j > 0 && key[idx[j - 1]] < key[v]) idx[j] = idx[j - 1], j--;
-      idx[j] = v;
-    }
+    for (size_t i = 0; i < T; i++) idx[i] = i, total += ns[i] - nl[i];
+    g_ent = es;
+    qsort(idx, T, sizeof(size_t), by_entropy_desc);
     static const double SHARE[4] = {0.1, 0.25, 0.5, 0.75};
     for (int k = 0; k < 4; k++) {
       size_t n = (size_t)(SHARE[k] * (double)T);
@@ -311,7 +300,6 @@ int main(int argc, char **argv) {
       fprintf(stderr, "per-token bound      the %2.0f%% highest-entropy tokens to the large model: gain %5.1f%%\n",
               100 * SHARE[k], total > 0 ? 100 * g / total : NAN);
     }
-    free(key);
     free(idx);
   }
   fprintf(stderr, "time: small %.1f s, large %.1f s (%d documents of %d tokens), %d translated handoffs %.1f s\n", t_small,
@@ -322,10 +310,6 @@ int main(int argc, char **argv) {
   free(ns), free(nl), free(es), free(nt), free(sw), free(dom), free(q), free(lf), free(lc);
   kvl_bench_lines_done();
   kvl_tokenizer_free(tk);
-  kvl_translator_free(tr);
-  for (int i = 0; i < 2; i++) {
-    kvl_pool_free(sd[i].pool);
-    kvl_model_free(sd[i].m);
-  }
+  kvl_bench_pair_close(sd);
   return rc < 0 ? 1 : 0;
 }
