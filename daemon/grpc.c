@@ -237,14 +237,15 @@ static void on_sent(struct call *c, int ok) {
   call_maybe_free(c);
 }
 
+/* Send what the request has produced. Never frees the call: its callers run call_maybe_free
+ * afterwards (a cancelled call whose request ended is freed there). */
 static void pump(struct call *c) {
   struct kvld_req *r = c->req;
   if (!r || c->send_busy || c->status_sent) return;
   if (c->cancelled) { /* nobody listens: wait for the request to end, then drop it */
-    if (r->done) {
+    if (r->done) { /* the caller frees the call (call_maybe_free) once pump returns */
       kvld_req_release(r);
       c->req = NULL;
-      call_maybe_free(c);
     }
     return;
   }
@@ -305,6 +306,7 @@ static void pump(struct call *c) {
 static void generate_sink(struct kvld_req *r, void *ud) {
   (void)r;
   pump(ud);
+  call_maybe_free(ud);
 }
 
 /* Complete: collect everything, answer once. */

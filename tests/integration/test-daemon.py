@@ -18,6 +18,7 @@ usage: test-daemon.py KVLINGOD KVLINGO PROTO_DIR real MODELS_DIR
 tool: the fast tier, no downloads.)
 """
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -276,6 +277,43 @@ fam = metrics()
 check(mval(fam, "vllm:request_success_total", finished_reason="abort") == before + 1 and
       mval(fam, "vllm:num_requests_running") == 0 and mval(fam, "vllm:kv_cache_usage_perc", model_name="large") == 0,
       f"cancel: request ended and its blocks freed {freed:.2f} s after the cancel")
+
+# Cancels racing the stream: 1-4 concurrent streams each cancelled after 1-6 messages, /metrics
+# polled meanwhile (a cancelled call was once freed twice when its request ended while a
+# message was in flight: the daemon died under MALLOC_PERTURB_).
+rng = random.Random(7)
+
+
+def cancel_one(model, k):
+    st = inf.Generate(G(text=prompt, model=model, max_tokens=500, ignore_eos=True), metadata=md)
+    try:
+        for n, _ in enumerate(st, 1):
+            if n >= k:
+                st.cancel()
+                break
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.CANCELLED:
+            raise
+
+
+rounds = 100 if mode == "tiny" else 6
+for _ in range(rounds):
+    ts = [threading.Thread(target=cancel_one, args=(rng.choice(["small", "large"]), rng.randint(1, 6)))
+          for _ in range(rng.randint(1, 4))]
+    for t in ts:
+        t.start()
+    for _ in range(rng.randint(0, 3)):
+        metrics()
+    for t in ts:
+        t.join()
+t0 = time.time()
+while time.time() - t0 < 20 and mval(metrics(), "vllm:num_requests_running") != 0:
+    time.sleep(0.05)
+fam = metrics()
+check(d.poll() is None and mval(fam, "vllm:num_requests_running") == 0 and
+      mval(fam, "vllm:kv_cache_usage_perc", model_name="large") == 0 and
+      mval(fam, "vllm:kv_cache_usage_perc", model_name="small") == 0,
+      f"cancel: {rounds} rounds of racing cancels, still serving, no request running, no block held")
 
 # ---- loading and unloading a model while others stream ------------------------------------
 admin = rpc.AdminStub(ch)
