@@ -10,7 +10,11 @@
  *              switch, so old spans pass through several translators.
  *
  *   bench-multiturn [--small S.gguf --large L.gguf] [--maps DIR] [-n CONVERSATIONS]
- *                   [--variant distilled] [--turn-user 48] [--turn-cont 32] [--out DIR]
+ *                   [--variant distilled] [--turn-user 48] [--turn-cont 32] [--head 16] [--out DIR]
+ *
+ * --head N: the protocol and the naive scheme compute the first N positions natively in
+ * every model and translate only what comes after (the daemon's translate_native_head,
+ * 16 by default: the attention sink's block); 0 translates from position 0.
  *
  * A conversation is one held-out corpus sample (translator/corpus/split.tsv, code and
  * prose interleaved) of 10 × (user + continuation) tokens: turn t's user tokens are the
@@ -43,11 +47,11 @@ int main(int argc, char **argv) {
   kvl_bench_model_path("1.5b", paths[1], sizeof(paths[1]));
   snprintf(maps, sizeof(maps), "%s/translator/maps", KVL_BENCH_SOURCE_ROOT);
   snprintf(split, sizeof(split), "%s/translator/corpus/split.tsv", KVL_BENCH_SOURCE_ROOT);
-  int n_conv = 8, tu = 48, tc = 32;
+  int n_conv = 8, tu = 48, tc = 32, head = 16;
   const char *out = "bench/results", *variant = "distilled";
   static const struct option opts[] = {{"small", required_argument, 0, 'S'}, {"large", required_argument, 0, 'L'},
                                        {"maps", required_argument, 0, 'M'}, {"variant", required_argument, 0, 'V'}, {"turn-user", required_argument, 0, 'U'},
-                                       {"turn-cont", required_argument, 0, 'C'}, {"out", required_argument, 0, 'O'},
+                                       {"turn-cont", required_argument, 0, 'C'}, {"out", required_argument, 0, 'O'}, {"head", required_argument, 0, 'H'},
                                        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
@@ -58,11 +62,12 @@ int main(int argc, char **argv) {
     case 'V': variant = optarg; break;
     case 'U': tu = atoi(optarg); break;
     case 'C': tc = atoi(optarg); break;
+    case 'H': head = atoi(optarg); break;
     case 'O': out = optarg; break;
     case 'n': n_conv = atoi(optarg); break;
     default:
       fprintf(c == 'h' ? stdout : stderr, "usage: bench-multiturn [--small S.gguf --large L.gguf] [--maps DIR] [-n N] "
-                                          "[--variant distilled] [--turn-user 48] [--turn-cont 32] [--out DIR]\n");
+                                          "[--variant distilled] [--turn-user 48] [--turn-cont 32] [--head 16] [--out DIR]\n");
       return c == 'h' ? 0 : 2;
     }
   }
@@ -96,9 +101,10 @@ int main(int argc, char **argv) {
       /* protocol */
       kvl_line_t *pl = proto[M], *other = proto[S];
       for (int32_t p = kvl_line_len(pl); p < n - 1;) {
-        bool nat = p < kvl_line_len(other) && kvl_line_writer(other, p) == KVL_WRITER_NATIVE;
+        bool nat = p >= head && p < kvl_line_len(other) && kvl_line_writer(other, p) == KVL_WRITER_NATIVE;
         int32_t e = p + 1;
-        while (e < n - 1 && (e < kvl_line_len(other) && kvl_line_writer(other, e) == KVL_WRITER_NATIVE) == nat) e++;
+        while (e < n - 1 && (e >= head && e < kvl_line_len(other) && kvl_line_writer(other, e) == KVL_WRITER_NATIVE) == nat)
+          e++;
         double dummy = 0;
         int dk = 0;
         if (nat ? kvl_bench_line_translate(&sd[S], &sd[M], pl, other, p, e, (kvl_writer_t)(S + 1), false, "bench-multiturn") < 0
@@ -111,7 +117,12 @@ int main(int argc, char **argv) {
       int32_t have = 0;
       if (naive && naive_side != M) {
         kvl_line_t *nl = kvl_line_new(sd[M].pool);
-        if (kvl_bench_line_translate(&sd[naive_side], &sd[M], nl, naive, 0, kvl_line_len(naive), (kvl_writer_t)(S + 1), true, "bench-multiturn") < 0)
+        int32_t nh = head < kvl_line_len(naive) ? head : kvl_line_len(naive);
+        double dummy = 0;
+        int dk = 0;
+        if ((nh > 0 && kvl_bench_line_score(&sd[M], nl, seq, 0, nh, end, end, &dummy, &dk, NULL, NULL) < 0) ||
+            kvl_bench_line_translate(&sd[naive_side], &sd[M], nl, naive, nh, kvl_line_len(naive), (kvl_writer_t)(S + 1),
+                                     true, "bench-multiturn") < 0)
           return 1;
         kvl_line_free(naive);
         naive = nl;
@@ -142,6 +153,7 @@ int main(int argc, char **argv) {
       json_object_set_new(r, "turn", json_integer(t + 1));
       json_object_set_new(r, "method", json_string(METHOD[mth]));
       json_object_set_new(r, "translators", json_string(*variant ? variant : "closed-form"));
+      json_object_set_new(r, "native_head", json_integer(mth > 0 ? head : 0));
       if (mth > 0) { /* paired difference to the reference, with its standard error */
         for (int32_t i = 0; i < n_smp && i < 256; i++) d[i] = x[i] - nll[((size_t)0 * TURNS + t) * n_smp + i];
         struct kvl_bench_stats sdiff;

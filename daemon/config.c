@@ -52,6 +52,7 @@ void kvld_config_defaults(struct kvld_config *c, const char *source_root) {
   snprintf(c->router.large, sizeof(c->router.large), "%s", pair[1][0]);
   c->cache_snapshot = true;
   c->translate_native_tail = 1;
+  c->translate_native_head = 16;
   c->router.cascade_window = 8;
   c->router.handoff_native_tail = 1;
   c->router.cascade_max_mean_entropy = 2.0;
@@ -280,6 +281,7 @@ static void walk_root(struct walk *w, yaml_node_t *n, struct kvld_config *c) {
     INT_FIELD("max_concurrent", 1, 1 << 20, c->max_concurrent)
     INT_FIELD("step_tokens", 16, 1 << 16, c->step_tokens)
     INT_FIELD("translate_native_tail", 1, 4096, c->translate_native_tail)
+    INT_FIELD("translate_native_head", 0, 4096, c->translate_native_head)
     if (!strcmp(k, "default_deadline_s")) { get_double(w, vn, path, 0, 1e6, &c->default_deadline_s); continue; }
     if (!strcmp(k, "drain_s")) { get_double(w, vn, path, 0, 3600, &c->drain_s); continue; }
     if (!strcmp(k, "models")) {

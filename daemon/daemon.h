@@ -62,6 +62,8 @@ struct kvld_config {
   int translate_native_tail; /* every request: its last N positions computed natively, never
                                 translated (1: only the last; the router's handoffs take the
                                 larger of this and router.handoff_native_tail) */
+  int translate_native_head; /* every request: its first N positions computed natively, never
+                                translated (the attention sink's block; 0: none) */
   char replica_id[128];      /* this replica's name in responses (default: the hostname) */
   double conversation_ttl_s; /* a conversation's kept lines expire after this idle time */
   struct {                   /* what model "auto" means */

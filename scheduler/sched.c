@@ -34,6 +34,7 @@ struct req {
   uint64_t conv;         /* conversation key, 0 = stateless */
   bool no_translate;
   int32_t native_tail;   /* >= 1: positions at the end never translated */
+  int32_t native_head;   /* >= 0: positions at the start never translated */
   /* translation sources while the line is being extended: other models' lines (forks of
    * kept lines, or attached from their prefix caches), usable up to src_len */
   kvl_line_t *src[MAX_MODELS];
@@ -439,6 +440,7 @@ int kvl_sched_submit(kvl_sched_t *s, const struct kvl_request *q, kvl_token_cb c
   r->conv = q->conversation;
   r->no_translate = q->no_translate;
   r->native_tail = q->native_tail > 1 ? q->native_tail : 1;
+  r->native_head = q->native_head > 0 ? q->native_head : 0;
   if (q->cascade.on && q->cascade.to != q->model) {
     r->cascade.on = true;
     r->cascade.to = q->cascade.to;
@@ -524,7 +526,8 @@ static bool native_at(const kvl_line_t *l, int32_t pos) { return kvl_line_writer
 static void open_sources(kvl_sched_t *s, struct req *r) {
   int mi = r->model;
   int32_t limit = r->len - r->native_tail; /* the last position (or tail) always runs natively */
-  if (r->computed >= limit) { kvl_line_free(r->carry); r->carry = NULL; return; }
+  int32_t from = r->computed > r->native_head ? r->computed : r->native_head; /* the head too */
+  if (from >= limit) { kvl_line_free(r->carry); r->carry = NULL; return; }
   struct conv *c = r->conv ? conv_get(s, r->conv, false) : NULL;
   uint8_t *held = NULL; /* positions held natively by a model without a usable translator */
   for (int k = 0; k < s->n_models; k++) {
@@ -550,21 +553,21 @@ static void open_sources(kvl_sched_t *s, struct req *r) {
     const kvl_line_t *any = l ? l : seen;
     if (!any) continue;
     int32_t n = common_prefix(any, r->seq, limit);
-    if (l && n > r->computed && usable) {
+    if (l && n > from && usable) {
       r->src[k] = l;
       r->src_len[k] = n;
       r->sources_open = true;
       continue;
     }
-    if (n > r->computed && (held || (held = calloc((size_t)limit, 1))))
-      for (int32_t p = r->computed; p < n; p++)
+    if (n > from && (held || (held = calloc((size_t)limit, 1))))
+      for (int32_t p = from; p < n; p++)
         if (native_at(any, p)) held[p] |= x ? 2 : 1; /* 2: declined (asked, or gated); 1: no translator */
     kvl_line_free(l);
   }
   kvl_line_free(r->carry); /* a carry from a model that is gone */
   r->carry = NULL;
   if (!held) return;
-  for (int32_t p = r->computed; p < limit; p++) {
+  for (int32_t p = from; p < limit; p++) {
     if (!held[p]) continue;
     bool covered = false;
     for (int k = 0; k < s->n_models && !covered; k++)
@@ -655,6 +658,7 @@ static int translate_ready(kvl_sched_t *s, struct model *m, struct req *r, struc
   int mi = model_index(s, m);
   int32_t limit = r->len - r->native_tail;
   while (r->sources_open && r->computed < limit) {
+    if (r->computed < r->native_head) return 0; /* the head is prefilled first */
     int k = 0;
     while (k < MAX_MODELS && !(r->src[k] && r->computed < r->src_len[k] && native_at(r->src[k], r->computed))) k++;
     if (k == MAX_MODELS) return 0; /* no model holds the next position: prefill it */
@@ -693,7 +697,7 @@ static int32_t prefill_run(const struct req *r, int32_t want) {
   for (int k = 0; k < MAX_MODELS; k++) {
     if (!r->src[k]) continue;
     int32_t end = r->src_len[k] < r->computed + best ? r->src_len[k] : r->computed + best;
-    for (int32_t p = r->computed; p < end; p++)
+    for (int32_t p = r->computed > r->native_head ? r->computed : r->native_head; p < end; p++)
       if (native_at(r->src[k], p)) { best = p - r->computed; break; }
   }
   return best > 0 ? best : want;

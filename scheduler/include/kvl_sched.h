@@ -131,6 +131,11 @@ struct kvl_request {
   int32_t native_tail;              /* the sequence's last N positions are always computed natively,
                                        never translated (0 or 1: only the last; a larger tail buys
                                        quality right after a switch for N - 1 tokens of prefill) */
+  int32_t native_head;              /* the sequence's first N positions are always computed natively,
+                                       never translated (0: none). The first block holds the
+                                       attention sink: computing it natively costs N positions of
+                                       prefill on a model's first turn and keeps most of the quality
+                                       a translated short prompt loses (docs/switching.md) */
   struct {                          /* move to `to` when the window's uncertainty passes a bar */
     bool on;
     int to;                         /* model id (same vocabulary) */

@@ -111,6 +111,7 @@ def generate(inf, ids, model, n, conv=""):
     return out, models, chunks[-1]
 
 
+HEAD = 16  # translate_native_head's default: every request computes its first 16 positions itself
 rng = random.Random(5)
 vocab = 300 if mode == "tiny" else 151000
 
@@ -138,7 +139,7 @@ def conversation(inf, names, conv, turns=10, n_gen=6, derive=True):
         exp_tr = exp_pf = 0
         exp_native = {}
         for p in range(have[M], n - 1):
-            src = any(p < have[S] and native[S].get(p, False) for S in have if S != M)
+            src = p >= HEAD and any(p < have[S] and native[S].get(p, False) for S in have if S != M)
             exp_native[p] = not src
             exp_tr += src
             exp_pf += not src
@@ -226,7 +227,7 @@ out, models, last = generate(casc, prompt, "auto", 10)
 rt = last.routing
 check(rt.policy == "cascade" and rt.decision == "escalated" and rt.from_model == "small" and rt.handoff_token == 3 and
       models[0] == "small" and models[-1] == "large" and len(out) == 10 and last.usage.handoffs == 1 and
-      last.usage.translated_tokens == len(prompt) + 2 and last.replica == "casc",
+      last.usage.translated_tokens == len(prompt) + 2 - HEAD and last.replica == "casc",
       f"cascade: small answers 3 tokens, large takes over from the translated cache ({rt.reason})")
 if mode == "tiny":
     ref, _, _ = generate(casc, prompt, "small", 10)
@@ -237,12 +238,13 @@ check(mval(fam, "kvlingo:handoffs_total", source="small", target="large") == 1 a
       "cascade: /metrics counts the handoff and the decision")
 out, models, last = generate(casc, prompt, "large", 4)
 check(last.routing.policy == "requested" and models == ["large"] * len(models), "a named model is not routed")
-# translate_native_tail: every request computes its last 8 positions itself; the stateless
+# translate_native_tail: every request computes its last 8 positions itself (and, with
+# translate_native_head 0, translates from position 0); the stateless
 # protocol translates the rest of the prompt from the small model's indexed (full) blocks
-tl8, _ = start(two, tr_two, "translate_native_tail: 8\n", replica="tail8")
+tl8, _ = start(two, tr_two, "translate_native_tail: 8\ntranslate_native_head: 0\n", replica="tail8")
 generate(tl8, prompt, "small", 1)
 _, _, lt8 = generate(tl8, prompt, "large", 2)
-want8 = (len(prompt) - 8) // 16 * 16  # whole indexed blocks before the tail
+want8 = (len(prompt) - 8) // 16 * 16  # whole indexed blocks before the tail (no native head here)
 check(lt8.usage.translated_tokens == want8,
       f"translate_native_tail 8: {lt8.usage.translated_tokens} positions translated (want {want8}), "
       f"{lt8.usage.prefilled_tokens} prefilled")
@@ -251,9 +253,9 @@ casc8, _ = start(two, tr_two, "router:\n  policy: cascade\n  handoff_native_tail
                               "  cascade: {window: 3, max_mean_entropy: 0.001}\n", replica="casc8")
 out8, models8, last8 = generate(casc8, prompt, "auto", 10)
 check(last8.routing.decision == "escalated" and last8.routing.handoff_token == 3 and
-      last8.usage.translated_tokens == len(prompt) + 3 - 8 and (mode == "real" or out8 == ref),
+      last8.usage.translated_tokens == len(prompt) + 3 - 8 - HEAD and (mode == "real" or out8 == ref),
       f"cascade with a native tail of 8: {last8.usage.translated_tokens} positions translated "
-      f"(prompt {len(prompt)} + 3 - 8), {last8.usage.prefilled_tokens} prefilled")
+      f"(prompt {len(prompt)} + 3 - 8 - head {HEAD}), {last8.usage.prefilled_tokens} prefilled")
 
 # the example router (clients/python/router.py) through the same daemon: per turn the
 # cheapest adequate model; a switch translates what the other model wrote
@@ -272,7 +274,7 @@ check(rr.returncode == 0 and len(rows) == 4 and all(r["model"] in ("small", "lar
 off, ho = start(two, tr_two, "router:\n  policy: prefill-offload\n  prefill_offload: {min_prompt_tokens: 16}\n")
 out, models, last = generate(off, prompt, "auto", 5)
 check(last.routing.decision == "prefill-offload" and set(models) == {"large"} and
-      last.usage.translated_tokens == len(prompt) - 1 and last.usage.prefilled_tokens == len(prompt) and
+      last.usage.translated_tokens == len(prompt) - 1 - HEAD and last.usage.prefilled_tokens == len(prompt) + HEAD and
       last.translation == pb.TRANSLATION_OUTCOME_APPLIED,
       f"prefill-offload: small prefills {len(prompt) - 1} positions, large translates them and decodes")
 out, models, last = generate(off, prompt[:8], "auto", 3)

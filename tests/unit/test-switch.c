@@ -114,9 +114,10 @@ struct book {
 };
 
 /* Ten turns alternating a, b, a, ... in one conversation. Returns the conversation's
- * generated tokens per turn in out[turn]. With check set, verify each turn's spans. */
-static void conversation(kvl_model_t *ma, kvl_model_t *mb, bool alternate, bool stateless, struct run out[10],
-                         int32_t *seq_out, int32_t *n_out, bool check) {
+ * generated tokens per turn in out[turn]. With check set, verify each turn's spans. Every
+ * request computes its first `head` positions natively (kvl_request.native_head). */
+static void conversation(kvl_model_t *ma, kvl_model_t *mb, bool alternate, bool stateless, int32_t head,
+                         struct run out[10], int32_t *seq_out, int32_t *n_out, bool check) {
   kvl_model_t *ms[2] = {ma, mb};
   kvl_sched_t *s = sched_of(ms, 2, 128, 0, 64);
   link_all(s, 2);
@@ -128,12 +129,13 @@ static void conversation(kvl_model_t *ma, kvl_model_t *mb, bool alternate, bool 
     user_turn(seq, &n, &rs);
     int M = alternate ? t % 2 : 0, S = 1 - M;
     struct kvl_request r = greedy(M, seq, n, 6 + t % 3, stateless ? 0 : 42);
+    r.native_head = head;
     CHECK_EQ_INT(run_one(s, &r, &out[t], 2), 0);
     /* the expected plan, from the transcript */
     int32_t exp_tr = 0, exp_pf = 0, from = bk.have[M];
     bool exp_native[MAXT];
     for (int32_t p = from; p < n - 1; p++) {
-      bool src = p < bk.have[S] && bk.native[S][p];
+      bool src = p >= head && p < bk.have[S] && bk.native[S][p];
       exp_native[p] = !src;
       if (src) exp_tr++;
       else exp_pf++;
@@ -157,7 +159,7 @@ static void conversation(kvl_model_t *ma, kvl_model_t *mb, bool alternate, bool 
       CHECK_EQ_INT(wrong, 0);
       for (int32_t p = from; p < L; p++) bk.native[M][p] = p < n ? exp_native[p] : true;
       bk.have[M] = L;
-      if (t > 0 && alternate) CHECK(exp_tr > 0); /* every switch translated something */
+      if (t > 0 && alternate && head == 0) CHECK(exp_tr > 0); /* every switch translated something */
     }
     total_translated += out[t].usage.translated;
     for (int i = 0; i < out[t].n; i++) seq[n++] = out[t].toks[i];
@@ -170,25 +172,31 @@ static void conversation(kvl_model_t *ma, kvl_model_t *mb, bool alternate, bool 
 static void test_spans_from_transcript(void) {
   struct run single[10], alt[10], other[10];
   int32_t seq1[MAXT], seq2[MAXT], n1, n2;
-  conversation(g_m, g_m, false, false, single, seq1, &n1, false);
-  conversation(g_m, g_m, true, false, alt, seq2, &n2, true);
+  conversation(g_m, g_m, false, false, 0, single, seq1, &n1, false);
+  conversation(g_m, g_m, true, false, 0, alt, seq2, &n2, true);
   CHECK_EQ_INT(n1, n2);
   int differ = memcmp(seq1, seq2, (size_t)n1 * sizeof(int32_t)) != 0;
   printf("  10 turns alternating a copy of the model through identity translators: %d tokens, %s the single-model run\n",
          n1, differ ? "DIFFERS from" : "equal to");
   CHECK_EQ_INT(differ, 0);
   /* two different models: the spans still follow the transcript */
-  conversation(g_m, g_m2, true, false, other, NULL, NULL, true);
+  conversation(g_m, g_m2, true, false, 0, other, NULL, NULL, true);
   int tr = 0;
   for (int t = 0; t < 10; t++) tr += other[t].usage.translated;
   printf("  10 turns alternating two different models: %d positions translated, spans as derived\n", tr);
+  /* ... with the first 16 positions always native (the daemon's default native head) */
+  conversation(g_m, g_m2, true, false, 16, other, NULL, NULL, true);
+  int tr16 = 0;
+  for (int t = 0; t < 10; t++) tr16 += other[t].usage.translated;
+  printf("  ... with a native head of 16: %d positions translated, spans as derived\n", tr16);
+  CHECK(tr16 > 0 && tr16 < tr);
 }
 
 static void test_stateless(void) {
   struct run single[10], alt[10];
   int32_t seq1[MAXT], seq2[MAXT], n1, n2;
-  conversation(g_m, g_m, false, true, single, seq1, &n1, false);
-  conversation(g_m, g_m, true, true, alt, seq2, &n2, false);
+  conversation(g_m, g_m, false, true, 0, single, seq1, &n1, false);
+  conversation(g_m, g_m, true, true, 0, alt, seq2, &n2, false);
   int tr = 0, switches_translated = 0;
   for (int t = 1; t < 10; t++) {
     tr += alt[t].usage.translated;
@@ -241,6 +249,34 @@ static void test_handoffs(void) {
   CHECK_EQ_INT(o.usage.translated, 40 + 3 - 8);
   kvl_sched_free(s);
 
+  /* a native head of 16 (the attention sink's block) and the tail of 8: model 1 computes
+   * positions 0..15 and the last 8 itself, translates what lies between */
+  s = sched_of(ms, 2, 64, 0, 64);
+  link_all(s, 2);
+  r = greedy(0, p, 40, 12, 0);
+  cascade(&r, 1, 3, 1e-3f);
+  r.native_tail = 8;
+  r.native_head = 16;
+  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
+  CHECK_EQ_INT(o.usage.handoffs, 1);
+  CHECK(o.n == ref.n && memcmp(o.toks, ref.toks, sizeof(int32_t) * (size_t)o.n) == 0);
+  CHECK_EQ_INT(o.usage.translated, 40 + 3 - 8 - 16);
+  printf("  cascade with a native head of 16 and tail of 8: %d positions translated\n", o.usage.translated);
+  kvl_sched_free(s);
+
+  /* a head that covers the whole sequence: nothing is translated */
+  s = sched_of(ms, 2, 64, 0, 64);
+  link_all(s, 2);
+  r = greedy(0, p, 40, 12, 0);
+  cascade(&r, 1, 3, 1e-3f);
+  r.native_head = 64;
+  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
+  CHECK_EQ_INT(o.usage.handoffs, 1);
+  CHECK(o.n == ref.n && memcmp(o.toks, ref.toks, sizeof(int32_t) * (size_t)o.n) == 0);
+  CHECK_EQ_INT(o.usage.translated, 0);
+  CHECK_EQ_INT(o.usage.untranslatable + o.usage.declined, 0);
+  kvl_sched_free(s);
+
   /* a bar the distribution never passes: no handoff, every token from model 0 */
   s = sched_of(ms, 2, 64, 0, 64);
   link_all(s, 2);
@@ -273,6 +309,18 @@ static void test_handoffs(void) {
   r.native_tail = 8;
   CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
   CHECK_EQ_INT(o.usage.translated, 32);
+  CHECK(memcmp(o.toks, ref.toks, sizeof(int32_t) * (size_t)o.n) == 0);
+  kvl_sched_free(s);
+  s = sched_of(ms, 2, 64, 0, 16); /* ... and a native head of 16: model 1 prefills 0..15 */
+  link_all(s, 2);
+  r = greedy(1, p, 40, 12, 0);
+  r.prefill_on.on = true;
+  r.prefill_on.model = 0;
+  r.native_tail = 8;
+  r.native_head = 16;
+  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
+  CHECK_EQ_INT(o.usage.translated, 16);
+  CHECK_EQ_INT(o.usage.prefilled, 39 + 16 + 8);
   CHECK(memcmp(o.toks, ref.toks, sizeof(int32_t) * (size_t)o.n) == 0);
   kvl_sched_free(s);
 
