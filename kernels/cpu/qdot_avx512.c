@@ -243,23 +243,183 @@ static inline __attribute__((always_inline)) void dot_q6_k_n(const uint8_t *w, i
   for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - 32.0f * corr[t];
 }
 
+/* ---- one token, 32-element formats: scales sixteen blocks at a time ------------------
+ *
+ * For a single decode token the scalar work per pair of blocks in pair_tokens (two fp16
+ * conversions, the scale products, the lane blend, the offset correction) costs more than
+ * the dot product. Here sixteen blocks' fp16 weight scales are gathered and converted in
+ * one go and multiplied by the activation scales in one vector; each pair's lane scales
+ * are a permute of that vector, and the offset correction is one FMA per sixteen blocks
+ * (weight scale x activation scale x the block's activation sum). Same arithmetic as
+ * pair_tokens in another order; the last group is partial (masked lanes), and a row of an
+ * odd number of blocks goes through pair_tokens. */
+
+/* per-block sums of the activation codes times their scales, blocks b..b+15 (lanes
+ * past `m` blocks zero) */
+static inline __m512 block_sums16(const struct acts *a, int64_t b, __mmask16 m) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const int32_t *xs = SA(a, 0) + 2 * b;
+  /* two sums of 16 codes per block: lanes 0-15 hold blocks b..b+7, lanes 16-31 b+8..b+15 */
+  __mmask16 lo = (__mmask16)(m & 0xff ? 0xffffu >> (16 - 2 * __builtin_popcount(m & 0xff)) : 0);
+  __mmask16 hi = (__mmask16)(m >> 8 ? 0xffffu >> (16 - 2 * __builtin_popcount(m >> 8)) : 0);
+  __m512i s0 = _mm512_maskz_loadu_epi32(lo, xs), s1 = _mm512_maskz_loadu_epi32(hi, xs + 16);
+  __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(s0, even, s1), _mm512_permutex2var_epi32(s0, odd, s1));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_maskz_loadu_ps(m, DA(a, 0) + b));
+}
+
+/* the fp16 scales at the start of up to 16 blocks of `stride` bytes, as floats */
+static inline __m512 block_scales16(const uint8_t *w, int stride, __mmask16 m) {
+  const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(stride));
+  /* 4 bytes each: the scale and 2 code bytes */
+  __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offs, w, 1);
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+}
+
+/* The whole row, nb even (K a multiple of 64): groups of 16 blocks, the last one partial. */
+static inline __attribute__((always_inline)) float dot1_blocks16(const uint8_t *w, int64_t nb, const struct acts *a,
+                                                               const int stride, const int q5) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
+  const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const int8_t *xq = QA(a, 0);
+  for (int64_t b = 0; b < nb; b += 16, w += 16 * stride) {
+    int n = nb - b < 16 ? (int)(nb - b) : 16;
+    __mmask16 m = (__mmask16)(0xffffu >> (16 - n));
+    _mm_prefetch((const char *)w + 16 * stride, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 16 * stride + 64, _MM_HINT_T0);
+    __m512 ws = block_scales16(w, stride, m);
+    __m512 sc = _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(m, DA(a, 0) + b));
+    corr = _mm512_fmadd_ps(ws, block_sums16(a, b, m), corr);
+    int j = 0;
+    for (; j + 4 <= n; j += 4) { /* blocks j..j+3: two pairs */
+      const uint8_t *p = w + j * stride;
+      __m512i u0 = q5 ? q5_0_pair(p) : q8_0_pair(p), u1 = q5 ? q5_0_pair(p + 2 * stride) : q8_0_pair(p + 2 * stride);
+      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(xq + 32 * (b + j)));
+      __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, _mm512_loadu_si512(xq + 32 * (b + j + 2)));
+      /* a pair's lane scales: lanes 0-7 its first block's, 8-15 its second's */
+      __m512i i0 = _mm512_add_epi32(lanes, _mm512_set1_epi32(j));
+      __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(2));
+      acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(i0, sc), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(i1, sc), acc1);
+    }
+    if (j < n) { /* a last pair */
+      const uint8_t *p = w + j * stride;
+      __m512i u0 = q5 ? q5_0_pair(p) : q8_0_pair(p);
+      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(xq + 32 * (b + j)));
+      acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(j)), sc),
+                             acc0);
+    }
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - (q5 ? 16.0f : 128.0f) * _mm512_reduce_add_ps(corr);
+}
+
 static void dot_q8_0(const uint8_t *w, int64_t nb, const struct acts *a, float *out) {
-  if (a->T == 1) dot_q8_0_n(w, nb, a, out, 1); /* constant T: accumulators stay in registers */
-  else dot_q8_0_n(w, nb, a, out, a->T);
+  if (a->T > 1) {
+    dot_q8_0_n(w, nb, a, out, a->T);
+    return;
+  }
+  if (nb % 2) dot_q8_0_n(w, nb, a, out, 1);
+  else *out = dot1_blocks16(w, nb, a, 34, 0);
 }
 
 static void dot_q5_0(const uint8_t *w, int64_t nb, const struct acts *a, float *out) {
-  if (a->T == 1) dot_q5_0_n(w, nb, a, out, 1); /* constant T: accumulators stay in registers */
-  else dot_q5_0_n(w, nb, a, out, a->T);
+  if (a->T > 1) {
+    dot_q5_0_n(w, nb, a, out, a->T);
+    return;
+  }
+  if (nb % 2) dot_q5_0_n(w, nb, a, out, 1);
+  else *out = dot1_blocks16(w, nb, a, 22, 1);
+}
+
+/* Q4_K, one token: a block's eight 6-bit scales and mins unpacked together with 32-bit
+ * masks (the 12 scale bytes hold scales 0-3 and mins 0-3 in their low 6 bits, and scales
+ * and mins 4-7 split over the nibbles of bytes 8-11 and the top 2 bits of bytes 0-7),
+ * multiplied by the eight activation scales in one vector; the mins' correction is one
+ * FMA per block. Same arithmetic as dot_q4_k_n in another order. */
+static float dot1_q4_k(const uint8_t *w, int64_t nb, const struct acts *a) {
+  const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m256 corr = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b++, w += 144) {
+    _mm_prefetch((const char *)w + 576, _MM_HINT_T0); /* 4 blocks ahead */
+    _mm_prefetch((const char *)w + 640, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 704, _MM_HINT_T0);
+    uint32_t u[4];
+    memcpy(u, w + 4, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* mins 4-7 */
+    uint32_t m03 = u[1] & 0x3f3f3f3fu;                                          /* mins 0-3 */
+    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);         /* scales 4-7 */
+    u[2] = m03;
+    u[0] &= 0x3f3f3f3fu;                                                         /* scales 0-3 */
+    __m128i sm = _mm_loadu_si128((const __m128i *)u);
+    __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm));
+    __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+    __m256 xd = _mm256_loadu_ps(DA(a, 0) + 8 * b);
+    __m256 sc = _mm256_mul_ps(_mm256_mul_ps(scf, _mm256_set1_ps(h2f(w))), xd);
+    __m512i s16 = _mm512_loadu_si512(SA(a, 0) + 16 * b); /* sums of 16 codes */
+    __m256i s8 = _mm512_castsi512_si256(_mm512_add_epi32(_mm512_permutexvar_epi32(even, s16),
+                                                         _mm512_permutexvar_epi32(odd, s16)));
+    corr = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_set1_ps(h2f(w + 2))), _mm256_mul_ps(xd, _mm256_cvtepi32_ps(s8)),
+                           corr);
+    __m512 sc16 = _mm512_castps256_ps512(sc);
+    const uint8_t *q = w + 16;
+    const int8_t *xq = QA(a, 0) + 256 * b;
+    for (int j = 0; j < 4; j += 2) {
+      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q4_k_unit(q, j), _mm512_loadu_si512(xq + 64 * j));
+      __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q4_k_unit(q, j + 1), _mm512_loadu_si512(xq + 64 * j + 64));
+      __m512i i0 = _mm512_add_epi32(lanes, _mm512_set1_epi32(2 * j));
+      acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(i0, sc16), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(_mm512_add_epi32(i0, _mm512_set1_epi32(2)), sc16),
+                             acc1);
+    }
+  }
+  __m128 c = _mm_add_ps(_mm256_castps256_ps128(corr), _mm256_extractf128_ps(corr, 1));
+  c = _mm_add_ps(c, _mm_movehl_ps(c, c));
+  c = _mm_add_ss(c, _mm_movehdup_ps(c));
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - _mm_cvtss_f32(c);
 }
 
 static void dot_q4_k(const uint8_t *w, int64_t nb, const struct acts *a, float *out) {
-  if (a->T == 1) dot_q4_k_n(w, nb, a, out, 1); /* constant T: accumulators stay in registers */
+  if (a->T == 1) *out = dot1_q4_k(w, nb, a);
   else dot_q4_k_n(w, nb, a, out, a->T);
 }
 
+/* Q6_K, one token: a block's sixteen int8 group scales (16 elements each) times d times
+ * each group's activation scale in one vector; a unit's lane scales (4 lanes per group)
+ * are a permute of it, and the offset correction is one FMA per block against the sums
+ * of 16 activation codes. Same arithmetic as dot_q6_k_n in another order. */
+static float dot1_q6_k(const uint8_t *w, int64_t nb, const struct acts *a) {
+  const __m512i quads = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b++, w += 210) {
+    for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 630 + o, _MM_HINT_T0); /* 3 blocks ahead */
+    __m512 gs = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 192)))),
+                              _mm512_set1_ps(h2f(w + 208)));
+    /* group g (16 elements) lies in activation block g / 2 */
+    __m512 xd = _mm512_permutexvar_ps(halves, _mm512_castps256_ps512(_mm256_loadu_ps(DA(a, 0) + 8 * b)));
+    __m512 sc = _mm512_mul_ps(gs, xd);
+    corr = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_loadu_si512(SA(a, 0) + 16 * b)), corr);
+    const int8_t *xq = QA(a, 0) + 256 * b;
+    for (int n = 0; n < 2; n++) {
+      __m512i units[2];
+      q6_k_half(w, n, units);
+      __m512i i0 = _mm512_add_epi32(quads, _mm512_set1_epi32(8 * n));
+      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), units[0], _mm512_loadu_si512(xq + 128 * n));
+      __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), units[1], _mm512_loadu_si512(xq + 128 * n + 64));
+      acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(i0, sc), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(_mm512_add_epi32(i0, _mm512_set1_epi32(4)), sc),
+                             acc1);
+    }
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - 32.0f * _mm512_reduce_add_ps(corr);
+}
+
 static void dot_q6_k(const uint8_t *w, int64_t nb, const struct acts *a, float *out) {
-  if (a->T == 1) dot_q6_k_n(w, nb, a, out, 1); /* constant T: accumulators stay in registers */
+  if (a->T == 1) *out = dot1_q6_k(w, nb, a);
   else dot_q6_k_n(w, nb, a, out, a->T);
 }
 
