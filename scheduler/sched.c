@@ -35,6 +35,8 @@ struct req {
   bool no_translate;
   int32_t native_tail;   /* >= 1: positions at the end never translated */
   int32_t native_head;   /* >= 0: positions at the start never translated */
+  int32_t pend_from, pend_n; /* head positions appended this step ahead of a translation:
+                                computed by this step's forward with the rest */
   /* translation sources while the line is being extended: other models' lines (forks of
    * kept lines, or attached from their prefix caches), usable up to src_len */
   kvl_line_t *src[MAX_MODELS];
@@ -684,7 +686,7 @@ static int translate_ready(kvl_sched_t *s, struct model *m, struct req *r, struc
     r->last_src = k;
     r->usage.translated += e - r->computed;
     r->computed = e;
-    kvl_line_commit(r->line);
+    if (!r->pend_n) kvl_line_commit(r->line); /* a pending head is indexed once computed */
   }
   if (r->sources_open && r->computed >= limit) finish_sources(s, r);
   return 0;
@@ -845,13 +847,39 @@ static int step_model(kvl_sched_t *s, struct model *m) {
         if (rc < 0) { free(order); return rc; }
         if (r->t_sched == 0) r->t_sched = t;
       }
-      if (r->sources_open && translate_ready(s, m, r, order, n, i) == KVL_EFULL) break;
+      /* A native head ahead of a translation: its tokens are appended now and computed in
+       * this step's forward together with the prefill after the translated span (the
+       * forward stores every token's K/V before any attends), so the head costs no step
+       * of its own. */
+      r->pend_n = 0;
+      int32_t h = r->native_head < r->len - 1 ? r->native_head : r->len - 1;
+      if (r->sources_open && r->computed < h && r->prefill_then < 0 && budget > h - r->computed) {
+        int rc;
+        while ((rc = kvl_line_append(r->line, r->seq + r->computed, h - r->computed, KVL_WRITER_NATIVE)) == KVL_EFULL &&
+               make_room(s, model_index(s, m), order, n, i)) {}
+        if (rc == KVL_EFULL) break;
+        if (rc < 0) { free(order); return rc; }
+        r->pend_from = r->computed;
+        r->pend_n = h - r->computed;
+        r->computed = h;
+      }
+      int32_t translated0 = r->usage.translated;
+      if (r->sources_open && translate_ready(s, m, r, order, n, i) == KVL_EFULL) {
+        if (r->pend_n) { /* no room to translate: the head waits too, and what was translated */
+          kvl_line_truncate(r->line, r->pend_from);
+          r->computed = r->pend_from;
+          r->usage.translated = translated0;
+          r->pend_n = 0;
+        }
+        break;
+      }
       if (r->prefill_then >= 0 && r->computed >= r->len - 1) { /* prompt already here (cached) */
         int to = r->prefill_then;
         r->prefill_then = -1;
         handoff(s, m, r, to);
         continue;
       }
+      budget -= r->pend_n;
       int32_t want = r->len - r->computed;
       if (r->prefill_then >= 0) want--; /* the last position runs on the model it moves to */
       want = prefill_run(r, want);
@@ -861,13 +889,22 @@ static int step_model(kvl_sched_t *s, struct model *m) {
        * not in this step's batch (recompute later), or shed a kept conversation line */
       while ((rc = kvl_line_append(r->line, r->seq + r->computed, take, KVL_WRITER_NATIVE)) == KVL_EFULL &&
              make_room(s, model_index(s, m), order, n, i)) {}
-      if (rc == KVL_EFULL) break; /* it keeps its line and continues next step */
-      if (rc < 0) { free(order); return rc; }
+      bool full = rc == KVL_EFULL;
+      if (full && !r->pend_n) break; /* it keeps its line and continues next step */
+      if (full) take = 0;              /* ... after its pending head is computed */
+      else if (rc < 0) { free(order); return rc; }
       r->step_n = take;
       r->in_batch = true;
-      r->logit_row = r->computed + take == r->len ? 0 : -1;
+      r->logit_row = take > 0 && r->computed + take == r->len ? 0 : -1;
       s->batch[n_batch] = r;
       s->tables[n_batch] = NULL; /* filled after all appends (they may move blocks) */
+      for (int32_t j = 0; j < r->pend_n; j++) {
+        s->tok[n_tok] = r->seq[r->pend_from + j];
+        s->pos[n_tok] = r->pend_from + j;
+        s->seqi[n_tok] = n_batch;
+        s->want[n_tok] = false;
+        n_tok++;
+      }
       for (int32_t j = 0; j < take; j++) {
         s->tok[n_tok] = r->seq[r->computed + j];
         s->pos[n_tok] = r->computed + j;
@@ -877,6 +914,7 @@ static int step_model(kvl_sched_t *s, struct model *m) {
       }
       n_batch++;
       budget -= take;
+      if (full) break;
     }
   }
   free(order);
@@ -898,6 +936,8 @@ static int step_model(kvl_sched_t *s, struct model *m) {
       int32_t end = r->computed + r->step_n < r->n_prompt ? r->computed + r->step_n : r->n_prompt;
       if (r->usage.preemptions == 0) r->usage.prefilled += end - r->computed;
     }
+    if (r->pend_n && r->usage.preemptions == 0) r->usage.prefilled += r->pend_n;
+    r->pend_n = 0;
     r->computed += r->step_n;
     kvl_line_commit(r->line);
     if (r->prefill_then >= 0 && r->computed == r->len - 1) { /* prefill_on: the prompt is in */

@@ -179,6 +179,12 @@ static void test_spans_from_transcript(void) {
   printf("  10 turns alternating a copy of the model through identity translators: %d tokens, %s the single-model run\n",
          n1, differ ? "DIFFERS from" : "equal to");
   CHECK_EQ_INT(differ, 0);
+  /* ... with a native head of 16: each switch computes the head in the same forward as the
+   * prefill after the translated span; still the single-model run token for token */
+  struct run alt16[10];
+  int32_t seq3[MAXT], n3;
+  conversation(g_m, g_m, true, false, 16, alt16, seq3, &n3, true);
+  CHECK(n3 == n1 && memcmp(seq1, seq3, (size_t)n1 * sizeof(int32_t)) == 0);
   /* two different models: the spans still follow the transcript */
   conversation(g_m, g_m2, true, false, 0, other, NULL, NULL, true);
   int tr = 0;
@@ -435,6 +441,7 @@ static void test_stress(void) {
         cascade(&r, (M + 1) % 3, 2, 1e-3f);
       }
       if (kvl_test_rand(&rs) % 7 == 0) r.reuse = KVL_REUSE_NATIVE_ONLY;
+      if (kvl_test_rand(&rs) % 2 == 0) r.native_head = 16; /* the head computed with the translated step */
       memset(&outs[c], 0, sizeof(outs[c]));
       char err[256];
       CHECK_EQ_INT(kvl_sched_submit(s, &r, on_token, &outs[c], &ids[c], err, sizeof(err)), 0);
