@@ -243,6 +243,13 @@ static inline __attribute__((always_inline)) void dot_q6_k_n(const uint8_t *w, i
   for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - 32.0f * corr[t];
 }
 
+/* ---- one token: the decode GEMV -----------------------------------------------------
+ *
+ * A single token does little arithmetic per weight byte, so the weights' latency decides:
+ * the kernels below prefetch 4 KiB ahead of the row they read (measured on the 2-core
+ * Xeon: 0.5B tg128 32.5 -> 40.6 tokens/s going from one group ahead to 4 KiB, 8 KiB is
+ * worse again; bench/results/prefill-decode.md). */
+
 /* ---- one token, 32-element formats: scales sixteen blocks at a time ------------------
  *
  * For a single decode token the scalar work per pair of blocks in pair_tokens (two fp16
@@ -286,8 +293,7 @@ static inline __attribute__((always_inline)) float dot1_blocks16(const uint8_t *
   for (int64_t b = 0; b < nb; b += 16, w += 16 * stride) {
     int n = nb - b < 16 ? (int)(nb - b) : 16;
     __mmask16 m = (__mmask16)(0xffffu >> (16 - n));
-    _mm_prefetch((const char *)w + 16 * stride, _MM_HINT_T0);
-    _mm_prefetch((const char *)w + 16 * stride + 64, _MM_HINT_T0);
+    for (int o = 0; o < 16 * stride; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T0); /* 4 KiB ahead */
     __m512 ws = block_scales16(w, stride, m);
     __m512 sc = _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(m, DA(a, 0) + b));
     corr = _mm512_fmadd_ps(ws, block_sums16(a, b, m), corr);
@@ -344,9 +350,9 @@ static float dot1_q4_k(const uint8_t *w, int64_t nb, const struct acts *a) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   __m256 corr = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++, w += 144) {
-    _mm_prefetch((const char *)w + 576, _MM_HINT_T0); /* 4 blocks ahead */
-    _mm_prefetch((const char *)w + 640, _MM_HINT_T0);
-    _mm_prefetch((const char *)w + 704, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 4096, _MM_HINT_T0); /* 4 KiB ahead */
+    _mm_prefetch((const char *)w + 4160, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 4224, _MM_HINT_T0);
     uint32_t u[4];
     memcpy(u, w + 4, 12);
     u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* mins 4-7 */
@@ -396,7 +402,7 @@ static float dot1_q6_k(const uint8_t *w, int64_t nb, const struct acts *a) {
   const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++, w += 210) {
-    for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 630 + o, _MM_HINT_T0); /* 3 blocks ahead */
+    for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T0); /* 4 KiB ahead */
     __m512 gs = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 192)))),
                               _mm512_set1_ps(h2f(w + 208)));
     /* group g (16 elements) lies in activation block g / 2 */
