@@ -247,8 +247,10 @@ static inline __attribute__((always_inline)) void dot_q6_k_n(const uint8_t *w, i
  *
  * A single token does little arithmetic per weight byte, so the weights' latency decides:
  * the kernels below prefetch 4 KiB ahead of the row they read (measured on the 2-core
- * Xeon: 0.5B tg128 32.5 -> 40.6 tokens/s going from one group ahead to 4 KiB, 8 KiB is
- * worse again; bench/results/prefill-decode.md). */
+ * Xeon: 0.5B tg128 32.5 -> 40.6 tokens/s going from one group ahead to 4 KiB; 8 KiB is
+ * worse again). The K-quant kernels prefetch into L2 (T1): with prefetches into L1 the
+ * prefetch instructions themselves stalled on the line fill buffers, and the 1.5B (mostly
+ * Q4_K/Q6_K) went 15.1 -> 16.6 tokens/s with T1; for Q5_0/Q8_0 T0 measured better. */
 
 /* ---- one token, 32-element formats: scales sixteen blocks at a time ------------------
  *
@@ -350,9 +352,9 @@ static float dot1_q4_k(const uint8_t *w, int64_t nb, const struct acts *a) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   __m256 corr = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++, w += 144) {
-    _mm_prefetch((const char *)w + 4096, _MM_HINT_T0); /* 4 KiB ahead */
-    _mm_prefetch((const char *)w + 4160, _MM_HINT_T0);
-    _mm_prefetch((const char *)w + 4224, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 4096, _MM_HINT_T1); /* 4 KiB ahead */
+    _mm_prefetch((const char *)w + 4160, _MM_HINT_T1);
+    _mm_prefetch((const char *)w + 4224, _MM_HINT_T1);
     uint32_t u[4];
     memcpy(u, w + 4, 12);
     u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* mins 4-7 */
@@ -402,7 +404,7 @@ static float dot1_q6_k(const uint8_t *w, int64_t nb, const struct acts *a) {
   const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++, w += 210) {
-    for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T0); /* 4 KiB ahead */
+    for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T1); /* 4 KiB ahead */
     __m512 gs = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 192)))),
                               _mm512_set1_ps(h2f(w + 208)));
     /* group g (16 elements) lies in activation block g / 2 */
