@@ -137,6 +137,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--native-tail", type=int, default=32,
                     help="router.handoff_native_tail: positions the large model computes itself at the handoff")
+    ap.add_argument("--native-head", type=int, default=16,
+                    help="translate_native_head: positions the 1.5B computes itself at the start of a translated "
+                         "prompt (the daemon's default, 16; 0 translates from position 0)")
     ap.add_argument("--translators", default="distilled", help="translator files X-to-Y.<this>.safetensors ('' = closed form)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--settings", default="baselines,translated,cascade",
@@ -171,12 +174,14 @@ def main():
         for tail in [int(x) for x in a.translated_tails.split(",") if x]:
             name = f"large-on-translated-prompt (tail {tail})"
             print(f"{name}:", flush=True)
-            d = Daemon(a.kvlingod, translators=a.translators, extra_yaml=f"translate_native_tail: {tail}\n")
+            d = Daemon(a.kvlingod, translators=a.translators,
+                       extra_yaml=f"translate_native_tail: {tail}\ntranslate_native_head: {a.native_head}\n")
             for t in tasks:
                 complete(d.http, SMALL, t["prompt"], 1, True)
             results.append(summary("large-on-translated-prompt", run_setting(d.http, name, LARGE, tasks, a.max_tokens),
                                    None, None))
             results[-1]["native_tail"] = tail
+            results[-1]["native_head"] = a.native_head
             d.stop()
     if "cascade" in want:
         for tau in thresholds:
@@ -185,9 +190,11 @@ def main():
             d = Daemon(a.kvlingod, translators=a.translators,
                        extra_yaml=f"router: {{policy: cascade, small: {SMALL}, large: {LARGE}, "
                                   f"handoff_native_tail: {a.native_tail}, "
-                                  f"cascade: {{window: {a.window}, max_mean_entropy: {tau}}}}}\n")
+                                  f"cascade: {{window: {a.window}, max_mean_entropy: {tau}}}}}\n"
+                                  f"translate_native_head: {a.native_head}\n")
             results.append(summary("cascade", run_setting(d.http, name, "auto", tasks, a.max_tokens), tau, a.window))
             results[-1]["native_tail"] = a.native_tail
+            results[-1]["native_head"] = a.native_head
             d.stop()
     path = os.path.join(a.out, "routing-tasks.json")
     command = None
@@ -196,7 +203,9 @@ def main():
         for r in old["results"]:  # files from before translate_native_tail: the tail was 1
             if r["setting"] == "large-on-translated-prompt":
                 r.setdefault("native_tail", 1)
-        key = lambda r: (r["setting"], r.get("max_mean_entropy"), r.get("native_tail"))  # noqa: E731
+            if r["setting"] != "always-small" and r["setting"] != "always-large":
+                r.setdefault("native_head", 0)  # ... and before translate_native_head: no head
+        key = lambda r: (r["setting"], r.get("max_mean_entropy"), r.get("native_tail"), r.get("native_head"))  # noqa: E731
         mine = {key(r) for r in results}
         results = [r for r in old["results"] if key(r) not in mine] + results
         command = old["command"] + " ; " + " ".join(sys.argv)
@@ -225,7 +234,8 @@ def main():
         for r in results:
             g = "" if r["gain_fraction"] is None else f"{100 * r['gain_fraction']:.0f}%"
             lt = "" if r["large_tokens_vs_always_large"] is None else f"{100 * r['large_tokens_vs_always_large']:.0f}%"
-            label = r["setting"] + (f" (native tail {r['native_tail']})" if r.get("native_tail") else "")
+            label = r["setting"] + (f" (native tail {r['native_tail']})" if r.get("native_tail") else "") + \
+                (f" (native head {r['native_head']})" if r.get("native_head") else "")
             f.write(f"| {label} | {'' if r['max_mean_entropy'] is None else r['max_mean_entropy']} | "
                     f"{r['passed']}/{r['tasks']} ({r['value']:.1f}%) | {g} | {r['large_tokens']} ({lt}) | "
                     f"{r['escalated']} | {r['translated_tokens']} | {r['wall_s']:.0f} |\n")

@@ -42,6 +42,8 @@ def main():
     ap.add_argument("-c", "--contexts", default="64,512,2048,8192")
     ap.add_argument("-r", "--runs", type=int, default=5)
     ap.add_argument("--turn", type=int, default=32)
+    ap.add_argument("--native-head", type=int, default=16,
+                    help="translate_native_head: positions the target computes itself at the start (daemon default 16)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--directions", default="small-to-large,large-to-small")
     ap.add_argument("--append", action="store_true",
@@ -59,6 +61,7 @@ def main():
         f.write(f"listen: 127.0.0.1\ngrpc_port: 0\nhttp_port: -1\nlog_level: warn\nspill_dir: {tmp}\n"
                 f"max_prompt_tokens: {need}\nmax_concurrent: 4\n"
                 f"quality_gate: {{shadow_fraction: 0}}\n"  # no background shadows while timing
+                f"translate_native_head: {a.native_head}\n"
                 "models:\n"
                 f"  - {{name: {small}, path: {small}, hot_mib: 2048, cold_mib: 512, max_model_len: {need + 64}}}\n"
                 f"  - {{name: {large}, path: {large}, hot_mib: 3072, cold_mib: 512, max_model_len: {need + 64}}}\n"
@@ -121,7 +124,8 @@ def main():
                             "reprefill_sd_ms": round(statistics.stdev(rp), 1) if len(rp) > 1 else 0,
                             "translated_sd_ms": round(statistics.stdev(tr), 1) if len(tr) > 1 else 0,
                             "translated_positions": usage.translated_tokens,
-                            "prefilled_positions": usage.prefilled_tokens, "measured_at": "gRPC client"})
+                            "prefilled_positions": usage.prefilled_tokens, "native_head": a.native_head,
+                            "cpu_level": os.environ.get("KVL_CPU") or "auto", "measured_at": "gRPC client"})
     d.terminate()
     d.wait(timeout=120)
     cmd = " ".join(shlex.quote(x) for x in sys.argv)
