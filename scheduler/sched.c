@@ -521,6 +521,11 @@ static int32_t common_prefix(const kvl_line_t *l, const int32_t *seq, int32_t li
 
 static bool native_at(const kvl_line_t *l, int32_t pos) { return kvl_line_writer(l, pos) == KVL_WRITER_NATIVE; }
 
+/* The first position r may translate: its next one, past the native head. */
+static int32_t translatable_from(const struct req *r) {
+  return r->computed > r->native_head ? r->computed : r->native_head;
+}
+
 /* The lines other models hold of r's sequence beyond what r's line has: those with a
  * translator to r's model become its translation sources; positions only they hold
  * natively without one are counted (untranslatable, or declined when the request asked
@@ -528,7 +533,7 @@ static bool native_at(const kvl_line_t *l, int32_t pos) { return kvl_line_writer
 static void open_sources(kvl_sched_t *s, struct req *r) {
   int mi = r->model;
   int32_t limit = r->len - r->native_tail; /* the last position (or tail) always runs natively */
-  int32_t from = r->computed > r->native_head ? r->computed : r->native_head; /* the head too */
+  int32_t from = translatable_from(r);
   if (from >= limit) { kvl_line_free(r->carry); r->carry = NULL; return; }
   struct conv *c = r->conv ? conv_get(s, r->conv, false) : NULL;
   uint8_t *held = NULL; /* positions held natively by a model without a usable translator */
@@ -699,7 +704,7 @@ static int32_t prefill_run(const struct req *r, int32_t want) {
   for (int k = 0; k < MAX_MODELS; k++) {
     if (!r->src[k]) continue;
     int32_t end = r->src_len[k] < r->computed + best ? r->src_len[k] : r->computed + best;
-    for (int32_t p = r->computed > r->native_head ? r->computed : r->native_head; p < end; p++)
+    for (int32_t p = translatable_from(r); p < end; p++)
       if (native_at(r->src[k], p)) { best = p - r->computed; break; }
   }
   return best > 0 ? best : want;

@@ -250,7 +250,9 @@ static inline __attribute__((always_inline)) void dot_q6_k_n(const uint8_t *w, i
  * Xeon: 0.5B tg128 32.5 -> 40.6 tokens/s going from one group ahead to 4 KiB; 8 KiB is
  * worse again). The K-quant kernels prefetch into L2 (T1): with prefetches into L1 the
  * prefetch instructions themselves stalled on the line fill buffers, and the 1.5B (mostly
- * Q4_K/Q6_K) went 15.1 -> 16.6 tokens/s with T1; for Q5_0/Q8_0 T0 measured better. */
+ * Q4_K/Q6_K) went 15.1 -> 16.6 tokens/s with T1; for Q5_0/Q8_0 T0 measured better.
+ * Figures: `build/bench/bench-prefill-decode -p 0 -n 128 -r 3` per model (3-run medians);
+ * the committed run is bench/results/prefill-decode.md. */
 
 /* ---- one token, 32-element formats: scales sixteen blocks at a time ------------------
  *

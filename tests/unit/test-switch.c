@@ -215,6 +215,25 @@ static void test_stateless(void) {
   printf("  stateless (history resent, prefix indexes): %d positions translated, output equal to the single-model run\n", tr);
 }
 
+/* A cascade from model 0 to model 1 (two copies, identity translators) after 3 tokens,
+ * with the given native tail and head: the answer equals `ref` token for token; returns
+ * the positions model 1 translated. */
+static int32_t cascade_run(kvl_model_t **ms, const int32_t *p, const struct run *ref, int32_t tail, int32_t head) {
+  kvl_sched_t *s = sched_of(ms, 2, 64, 0, 64);
+  link_all(s, 2);
+  struct kvl_request r = greedy(0, p, 40, 12, 0);
+  cascade(&r, 1, 3, 1e-3f);
+  r.native_tail = tail;
+  r.native_head = head;
+  struct run o;
+  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
+  CHECK_EQ_INT(o.usage.handoffs, 1);
+  CHECK(o.n == ref->n && memcmp(o.toks, ref->toks, sizeof(int32_t) * (size_t)o.n) == 0);
+  CHECK_EQ_INT(o.usage.untranslatable + o.usage.declined, 0);
+  kvl_sched_free(s);
+  return o.usage.translated;
+}
+
 static void test_handoffs(void) {
   kvl_model_t *ms[2] = {g_m, g_m};
   int32_t p[40];
@@ -244,44 +263,14 @@ static void test_handoffs(void) {
 
   /* a native tail of 8: model 1 translates all but the last 8 positions and computes
    * those itself (the tokens are the same: identity translators between copies) */
-  s = sched_of(ms, 2, 64, 0, 64);
-  link_all(s, 2);
-  r = greedy(0, p, 40, 12, 0);
-  cascade(&r, 1, 3, 1e-3f);
-  r.native_tail = 8;
-  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
-  CHECK_EQ_INT(o.usage.handoffs, 1);
-  CHECK(o.n == ref.n && memcmp(o.toks, ref.toks, sizeof(int32_t) * (size_t)o.n) == 0);
-  CHECK_EQ_INT(o.usage.translated, 40 + 3 - 8);
-  kvl_sched_free(s);
-
-  /* a native head of 16 (the attention sink's block) and the tail of 8: model 1 computes
-   * positions 0..15 and the last 8 itself, translates what lies between */
-  s = sched_of(ms, 2, 64, 0, 64);
-  link_all(s, 2);
-  r = greedy(0, p, 40, 12, 0);
-  cascade(&r, 1, 3, 1e-3f);
-  r.native_tail = 8;
-  r.native_head = 16;
-  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
-  CHECK_EQ_INT(o.usage.handoffs, 1);
-  CHECK(o.n == ref.n && memcmp(o.toks, ref.toks, sizeof(int32_t) * (size_t)o.n) == 0);
-  CHECK_EQ_INT(o.usage.translated, 40 + 3 - 8 - 16);
-  printf("  cascade with a native head of 16 and tail of 8: %d positions translated\n", o.usage.translated);
-  kvl_sched_free(s);
-
+  CHECK_EQ_INT(cascade_run(ms, p, &ref, 8, 0), 40 + 3 - 8);
+  /* ... and a native head of 16 (the attention sink's block): model 1 computes positions
+   * 0..15 in the same forward as the tail and translates what lies between */
+  int32_t tr = cascade_run(ms, p, &ref, 8, 16);
+  CHECK_EQ_INT(tr, 40 + 3 - 8 - 16);
+  printf("  cascade with a native head of 16 and tail of 8: %d positions translated\n", tr);
   /* a head that covers the whole sequence: nothing is translated */
-  s = sched_of(ms, 2, 64, 0, 64);
-  link_all(s, 2);
-  r = greedy(0, p, 40, 12, 0);
-  cascade(&r, 1, 3, 1e-3f);
-  r.native_head = 64;
-  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
-  CHECK_EQ_INT(o.usage.handoffs, 1);
-  CHECK(o.n == ref.n && memcmp(o.toks, ref.toks, sizeof(int32_t) * (size_t)o.n) == 0);
-  CHECK_EQ_INT(o.usage.translated, 0);
-  CHECK_EQ_INT(o.usage.untranslatable + o.usage.declined, 0);
-  kvl_sched_free(s);
+  CHECK_EQ_INT(cascade_run(ms, p, &ref, 1, 64), 0);
 
   /* a bar the distribution never passes: no handoff, every token from model 0 */
   s = sched_of(ms, 2, 64, 0, 64);
