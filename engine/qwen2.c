@@ -18,6 +18,20 @@ static void add_inplace(float *h, const float *d, size_t n) {
   for (size_t i = 0; i < n; i++) h[i] += d[i];
 }
 
+/* y = x·Wᵀ with the rows of the attention sink (sink[t]) through `sb`, the others through
+ * `be`, in runs of consecutive rows: a row's numerics depend on its own position only. */
+static void matmul_rows(kvl_backend_t *be, kvl_backend_t *sb, const bool *sink, const struct kvl_weight *w,
+                        const float *x, float *y, int T) {
+  if (sb == be) {
+    kvl_matmul(be, w, x, y, T);
+    return;
+  }
+  for (int t0 = 0, t1; t0 < T; t0 = t1) {
+    for (t1 = t0 + 1; t1 < T && sink[t1] == sink[t0];) t1++;
+    kvl_matmul(sink[t0] ? sb : be, w, x + (size_t)t0 * w->cols, y + (size_t)t0 * w->rows, t1 - t0);
+  }
+}
+
 int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch *b,
                       const struct kvl_kv_view *kv, float *logits, const struct kvl_capture *cap) {
   const struct kvl_model_hparams *hp = &m->hp;
@@ -39,6 +53,13 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
     }
     if (exact) be = kvl_backend_exact(be);
   }
+  /* the attention sink's rows in fp32: every later position attends to it */
+  kvl_backend_t *sb = kvl_backend_fp32(be);
+  bool *sink = malloc((size_t)T * sizeof(bool));
+  if (!sink) return KVL_ENOMEM;
+  bool any = false;
+  for (int t = 0; t < T; t++) any |= sink[t] = b->pos[t] == 0;
+  if (!any) sb = be;
 
   /* scratch: one allocation sliced by a size table (STYLE.md §8) */
   size_t sizes[] = {(size_t)T * E, (size_t)T * E, (size_t)T * E, (size_t)T * KV, (size_t)T * KV,
@@ -46,7 +67,10 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
   size_t total = 0;
   for (size_t i = 0; i < 8; i++) total += sizes[i];
   float *mem = malloc(total * sizeof(float));
-  if (!mem) return KVL_ENOMEM;
+  if (!mem) {
+    free(sink);
+    return KVL_ENOMEM;
+  }
   float *p = mem, *slot[8];
   for (size_t i = 0; i < 8; i++) { slot[i] = p; p += sizes[i]; }
   float *h = slot[0], *x = slot[1], *q = slot[2], *k = slot[3], *v = slot[4], *att = slot[5];
@@ -56,9 +80,9 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
   for (int il = 0; il < hp->n_layer; il++) {
     const struct kvl_layer *L = &m->layers[il];
     kvl_rmsnorm(be, h, L->attn_norm, x, T, E, hp->rms_eps);
-    kvl_matmul(be, &L->wq, x, q, T);
-    kvl_matmul(be, &L->wk, x, k, T);
-    kvl_matmul(be, &L->wv, x, v, T);
+    matmul_rows(be, sb, sink, &L->wq, x, q, T);
+    matmul_rows(be, sb, sink, &L->wk, x, k, T);
+    matmul_rows(be, sb, sink, &L->wv, x, v, T);
     if (cap)
       for (int c = 0; c < cap->n_layers; c++)
         if (cap->layers[c] == il) {
@@ -71,13 +95,13 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
     struct kvl_attn_args a = {T, q, att, b->pos, b->seq, kv->block_tables, H, il, kv->layout, kv->base,
                               1.0f / sqrtf((float)D)};
     kvl_attention(be, &a);
-    kvl_matmul(be, &L->wo, att, x, T);
+    matmul_rows(be, sb, sink, &L->wo, att, x, T);
     add_inplace(h, x, (size_t)T * E);
     kvl_rmsnorm(be, h, L->ffn_norm, x, T, E, hp->rms_eps);
-    kvl_matmul(be, &L->w_gate, x, gate, T);
-    kvl_matmul(be, &L->w_up, x, up, T);
+    matmul_rows(be, sb, sink, &L->w_gate, x, gate, T);
+    matmul_rows(be, sb, sink, &L->w_up, x, up, T);
     kvl_swiglu(be, gate, up, gate, (int64_t)T * F);
-    kvl_matmul(be, &L->w_down, gate, x, T);
+    matmul_rows(be, sb, sink, &L->w_down, gate, x, T);
     add_inplace(h, x, (size_t)T * E);
   }
   /* gather the rows that want logits, normalise, project */
@@ -85,12 +109,13 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
   for (int t = 0; t < T; t++)
     if (!b->logits || b->logits[t]) {
       if (n_out != t) memcpy(h + (size_t)n_out * E, h + (size_t)t * E, (size_t)E * sizeof(float));
-      n_out++;
+      sink[n_out++] = sink[t];
     }
   if (n_out > 0 && logits) {
     kvl_rmsnorm(be, h, m->output_norm, x, n_out, E, hp->rms_eps);
-    kvl_matmul(be, &m->output, x, logits, n_out);
+    matmul_rows(be, sb, sink, &m->output, x, logits, n_out);
   }
   free(mem);
+  free(sink);
   return 0;
 }

@@ -44,6 +44,13 @@ int kvl__qdot_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *
 void kvl__q8_act_vec(const float *xd, const int32_t *s16, int64_t K, float *sx, float *cx);
 int kvl__qdot_vec_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *sx,
                              const float *cx, int n_tokens, float *out);
+/* The same products on AMX int8 tiles (cpu/qdot_amx.c), a whole matmul at once:
+ * y[t*N + r] = row r · token t (+ bias[r]) for N rows of row_bytes and any number of
+ * tokens quantised as above; whether the processor and the kernel allow the tiles
+ * (KVL_AMX=0: never). */
+bool kvl__amx_usable(void);
+int kvl__qmatmul_amx(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
+                     const float *xd, const int32_t *xs, int n_tokens, const float *bias, float *y);
 
 extern const struct kvl__simd kvl__simd_scalar;
 extern const struct kvl__simd kvl__simd_avx2;
@@ -66,6 +73,11 @@ struct kvl_backend {
   int (*qdot_vec)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *sx, const float *cx,
                   int n_tokens, float *out);
   int bf16_min_t; /* CPU backend: products of at least this many tokens in bf16 (0: never) */
+  /* CPU backend: products of at least amx_min_t tokens on the int8 formats through qmatmul
+   * (AMX tiles; 0: never) */
+  int (*qmatmul)(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
+                 const float *xd, const int32_t *xs, int n_tokens, const float *bias, float *y);
+  int amx_min_t;
 };
 
 #endif

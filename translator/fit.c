@@ -68,7 +68,8 @@ int kvl_fit_capture(kvl_model_t *m, const int32_t *ids, int32_t n, int32_t chunk
     struct kvl_capture cap = {hp->n_layer, layers, kp, vp};
     struct kvl_batch b = {.n_tokens = T, .tokens = ids + p0, .pos = pos, .seq = seq, .logits = want};
     float *lg = nl ? o->logits + (size_t)n_logits * hp->n_vocab : &dummy;
-    if ((rc = kvl_model_forward(m, kvl_backend_cpu(), &b, &kv, lg, &cap)) < 0) {
+    /* fp32 throughout: translators are fitted and distilled on the exact model */
+    if ((rc = kvl_model_forward(m, kvl_backend_fp32(kvl_backend_cpu()), &b, &kv, lg, &cap)) < 0) {
       kvl_errf(err, errlen, rc, "capture: forward failed at position %d", p0);
       goto out;
     }

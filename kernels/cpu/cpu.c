@@ -123,7 +123,32 @@ static void blas_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
   }
 }
 
+/* Batched decode and prefill on AMX int8 tiles: the activations to int8 as for the decode
+ * kernels, then 16 weight rows x 16 tokens per tile product (cpu/qdot_amx.c). Each
+ * token's result depends on its own activations only, so a prompt's cache does not
+ * depend on how its prefill was chunked. Nonzero: the kernel refused (a width it does not
+ * tile); compute it another way. */
+static int amx_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
+  const int64_t K = w->cols, N = w->rows;
+  if (K % 64) return KVL_EINVAL;
+  int8_t *xq = malloc((size_t)n_tokens * (size_t)K);
+  float *xd = malloc((size_t)n_tokens * (size_t)(K / 32) * sizeof(float));
+  int32_t *xs = malloc((size_t)n_tokens * (size_t)(K / 16) * sizeof(int32_t));
+  KVL_ASSERT(xq && xd && xs);
+#pragma omp parallel for schedule(static) if (n_tokens > 16)
+  for (int t = 0; t < n_tokens; t++)
+    kvl__q8_act(x + (int64_t)t * K, K, xq + (int64_t)t * K, xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16));
+  int rc = be->qmatmul(w->type, w->data, kvl_row_size(w->type, (uint64_t)K), N, K, xq, xd, xs, n_tokens, w->bias, y);
+  free(xq);
+  free(xd);
+  free(xs);
+  return rc;
+}
+
 static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
+  if (be->amx_min_t && n_tokens >= be->amx_min_t && qdot_type(w->type) && int8_decode_enabled() &&
+      amx_matmul(be, w, x, y, n_tokens) == 0)
+    return;
   if (be->qdot && n_tokens <= KVL__QDOT_USE_T && qdot_type(w->type) && int8_decode_enabled()) {
     qdot_matmul(be, w, x, y, n_tokens);
     return;
@@ -306,17 +331,24 @@ static const struct kvl_backend_ops cpu_ops = {
   .attention = cpu_attention,
 };
 
-static kvl_backend_t be_scalar = {"cpu-scalar", &cpu_ops, &kvl__simd_scalar, NULL, NULL, 0};
-static kvl_backend_t be_avx2 = {"cpu-avx2", &cpu_ops, &kvl__simd_avx2, NULL, NULL, 0};
-static kvl_backend_t be_avx512 = {"cpu-avx512", &cpu_ops, &kvl__simd_avx512, NULL, NULL, 0};
+static kvl_backend_t be_scalar = {"cpu-scalar", &cpu_ops, &kvl__simd_scalar, NULL, NULL, 0, NULL, 0};
+static kvl_backend_t be_avx2 = {"cpu-avx2", &cpu_ops, &kvl__simd_avx2, NULL, NULL, 0, NULL, 0};
+static kvl_backend_t be_avx512 = {"cpu-avx512", &cpu_ops, &kvl__simd_avx512, NULL, NULL, 0, NULL, 0};
 static kvl_backend_t be_avx512vnni = {"cpu-avx512-vnni", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni,
-                                      kvl__qdot_vec_avx512vnni, 0};
+                                      kvl__qdot_vec_avx512vnni, 0, NULL, 0};
+/* AMX int8 tiles for every product of two or more tokens on the four int8 formats (the
+ * VNNI kernels for single tokens); its exact twin (prefill chunks, the attention sink)
+ * takes the tiles for every size, so a prompt's cache does not depend on its chunking. */
+static kvl_backend_t be_amx = {"cpu-amx-int8", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni,
+                               kvl__qdot_vec_avx512vnni, 0, kvl__qmatmul_amx, 2};
+static kvl_backend_t be_amx_exact = {"cpu-amx-int8-prefill", &cpu_ops, &kvl__simd_avx512, NULL, NULL, 0,
+                                     kvl__qmatmul_amx, 1};
 /* bf16 GEMMs (oneDNN, AMX where present) for every product above the int8 decode sizes;
  * its exact twin (prefill chunks, the attention sink) takes bf16 for every size, so a
  * prompt's cache does not depend on how its prefill was chunked. */
 static kvl_backend_t be_avx512bf16 = {"cpu-avx512-bf16", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni,
-                                      kvl__qdot_vec_avx512vnni, KVL__QDOT_USE_T + 1};
-static kvl_backend_t be_avx512bf16_exact = {"cpu-avx512-bf16-prefill", &cpu_ops, &kvl__simd_avx512, NULL, NULL, 1};
+                                      kvl__qdot_vec_avx512vnni, KVL__QDOT_USE_T + 1, NULL, 0};
+static kvl_backend_t be_avx512bf16_exact = {"cpu-avx512-bf16-prefill", &cpu_ops, &kvl__simd_avx512, NULL, NULL, 1, NULL, 0};
 
 kvl_backend_t *kvl_backend_cpu_level(const char *level) {
   __builtin_cpu_init();
@@ -327,6 +359,7 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level) {
                 __builtin_cpu_supports("avx512vl");
   if (!strcmp(level, "avx512")) return avx512 ? &be_avx512 : NULL;
   if (!strcmp(level, "avx512vnni")) return avx512 && __builtin_cpu_supports("avx512vnni") ? &be_avx512vnni : NULL;
+  if (!strcmp(level, "amx")) return avx512 && __builtin_cpu_supports("avx512vnni") && kvl__amx_usable() ? &be_amx : NULL;
   if (!strcmp(level, "avx512bf16"))
     return avx512 && __builtin_cpu_supports("avx512vnni") && kvl__bf16_gemm_usable() ? &be_avx512bf16 : NULL;
   return NULL;
@@ -334,7 +367,15 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level) {
 
 kvl_backend_t *kvl_backend_exact(kvl_backend_t *be) {
   if (be == &be_avx512bf16) return &be_avx512bf16_exact;
+  if (be == &be_amx) return &be_amx_exact;
   return be == &be_avx512vnni ? &be_avx512 : be;
+}
+
+kvl_backend_t *kvl_backend_fp32(kvl_backend_t *be) {
+  if (be == &be_avx512vnni || be == &be_amx || be == &be_amx_exact || be == &be_avx512bf16 ||
+      be == &be_avx512bf16_exact)
+    return &be_avx512;
+  return be; /* scalar, avx2, avx512, the reference, other backends: fp32 already */
 }
 
 kvl_backend_t *kvl_backend_cpu(void) {
@@ -346,6 +387,7 @@ kvl_backend_t *kvl_backend_cpu(void) {
     be = kvl_backend_cpu_level(force);
     if (!be) fprintf(stderr, "kvlingo: KVL_CPU=%s is not available on this processor; choosing automatically\n", force);
   }
+  if (!be) be = kvl_backend_cpu_level("amx");
   if (!be) be = kvl_backend_cpu_level("avx512vnni");
   if (!be) be = kvl_backend_cpu_level("avx512");
   if (!be) be = kvl_backend_cpu_level("avx2");
@@ -385,6 +427,6 @@ static void ref_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
 
 static const struct kvl_backend_ops ref_ops = {ref_supports, ref_matmul, ref_rmsnorm, ref_rope,
                                                ref_swiglu, ref_embed, ref_attention};
-static kvl_backend_t be_ref = {"ref", &ref_ops, &kvl__simd_scalar, NULL, NULL, 0};
+static kvl_backend_t be_ref = {"ref", &ref_ops, &kvl__simd_scalar, NULL, NULL, 0, NULL, 0};
 
 kvl_backend_t *kvl_backend_ref(void) { return &be_ref; }

@@ -18,13 +18,9 @@
 #include <string.h>
 
 #include "../backend-impl.h"
+#include "qunpack_avx512.h"
 #include "kvl_error.h"
 
-static inline float h2f(const uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 
 void kvl__q8_act(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16) {
   for (int64_t b = 0; b < K / 32; b++) {
@@ -51,58 +47,6 @@ static inline __m512 two_scales(float a, float b) {
   return _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
 }
 
-
-/* ---- unpacking weight units into unsigned codes (shared by both kernel families) ---- */
-
-/* Q8_0 blocks b, b+1 (34 bytes each): codes q + 128, as u8. */
-static inline __m512i q8_0_pair(const uint8_t *w) {
-  const __m256i flip = _mm256_set1_epi8((char)0x80);
-  __m256i wa = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)), flip);
-  __m256i wb = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 36)), flip);
-  return _mm512_inserti64x4(_mm512_castsi256_si512(wa), wb, 1);
-}
-
-/* Q5_0 blocks b, b+1 (22 bytes each): 5-bit codes 0..31. */
-static inline __m512i q5_0_pair(const uint8_t *w) {
-  const __m128i lo4 = _mm_set1_epi8(0x0f);
-  const __m256i bit4 = _mm256_set1_epi8(0x10);
-  __m256i v[2];
-  for (int k = 0; k < 2; k++) {
-    const uint8_t *blk = w + 22 * k;
-    __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6));
-    __m128i lo = _mm_and_si128(qs, lo4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), lo4);
-    __m256i u = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-    uint32_t qh;
-    memcpy(&qh, blk + 2, 4);
-    v[k] = _mm256_mask_blend_epi8((__mmask32)qh, u, _mm256_or_si256(u, bit4));
-  }
-  return _mm512_inserti64x4(_mm512_castsi256_si512(v[0]), v[1], 1);
-}
-
-/* Q4_K: the 64 codes 0..15 of unit j (elements 64j..64j+63) of a block's 128 code bytes. */
-static inline __m512i q4_k_unit(const uint8_t *q, int j) {
-  const __m256i lo4 = _mm256_set1_epi8(0x0f);
-  __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
-  __m256i lo = _mm256_and_si256(raw, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-/* Q6_K: half n (elements 128n..128n+127) of a block as two units of 64 codes 0..63. */
-static inline void q6_k_half(const uint8_t *w, int n, __m512i u[2]) {
-  const __m256i lo4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
-  const uint8_t *ql = w + 64 * n, *qh = w + 128 + 32 * n;
-  __m256i av = _mm256_loadu_si256((const __m256i *)ql), c = _mm256_loadu_si256((const __m256i *)(ql + 32));
-  __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-  __m256i q1 = _mm256_or_si256(_mm256_and_si256(av, lo4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
-  __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, lo4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4));
-  __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(av, 4), lo4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4));
-  __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), lo4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
-  u[0] = _mm512_inserti64x4(_mm512_castsi256_si512(q1), q2, 1);
-  u[1] = _mm512_inserti64x4(_mm512_castsi256_si512(q3), q4, 1);
-}
 
 /* Activations of T tokens: token t's codes at q + t*K, scales at d + t*K/32, sums of
  * 16 at s + t*K/16. Every kernel unpacks a weight unit once and uses it for all T. */
@@ -134,13 +78,13 @@ static inline __attribute__((always_inline)) void dot_q8_0_n(const uint8_t *w, i
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2, w += 68) {
     _mm_prefetch((const char *)w + 512, _MM_HINT_T0);
-    pair_tokens(q8_0_pair(w), h2f(w), h2f(w + 34), b, a, acc, corr, T);
+    pair_tokens(kvl__q8_0_pair(w), kvl__h2f(w), kvl__h2f(w + 34), b, a, acc, corr, T);
   }
   for (; b < nb; b++, w += 34)
     for (int t = 0; t < T; t++) {
       int32_t sum = 0;
       for (int i = 0; i < 32; i++) sum += (int8_t)w[2 + i] * QA(a, t)[32 * b + i];
-      tail[t] += h2f(w) * DA(a, t)[b] * (float)sum;
+      tail[t] += kvl__h2f(w) * DA(a, t)[b] * (float)sum;
     }
   for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - 128.0f * corr[t] + tail[t];
 }
@@ -152,7 +96,7 @@ static inline __attribute__((always_inline)) void dot_q5_0_n(const uint8_t *w, i
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2, w += 44) {
     _mm_prefetch((const char *)w + 384, _MM_HINT_T0);
-    pair_tokens(q5_0_pair(w), h2f(w), h2f(w + 22), b, a, acc, corr, T);
+    pair_tokens(kvl__q5_0_pair(w), kvl__h2f(w), kvl__h2f(w + 22), b, a, acc, corr, T);
   }
   for (; b < nb; b++, w += 22) {
     uint32_t qh;
@@ -165,21 +109,12 @@ static inline __attribute__((always_inline)) void dot_q5_0_n(const uint8_t *w, i
         int x1 = (int)((w[6 + j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
         sum += x0 * xq[32 * b + j] + x1 * xq[32 * b + 16 + j];
       }
-      tail[t] += h2f(w) * DA(a, t)[b] * (float)sum;
+      tail[t] += kvl__h2f(w) * DA(a, t)[b] * (float)sum;
     }
   }
   for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - 16.0f * corr[t] + tail[t];
 }
 
-static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
 
 static inline __attribute__((always_inline)) void dot_q4_k_n(const uint8_t *w, int64_t nb, const struct acts *a, float *out, const int T) {
   __m512 acc[KVL__QDOT_MAX_T];
@@ -189,13 +124,13 @@ static inline __attribute__((always_inline)) void dot_q4_k_n(const uint8_t *w, i
     _mm_prefetch((const char *)w + 576, _MM_HINT_T0); /* 4 blocks ahead */
     _mm_prefetch((const char *)w + 640, _MM_HINT_T0);
     _mm_prefetch((const char *)w + 704, _MM_HINT_T0);
-    float d = h2f(w), dmin = h2f(w + 2);
+    float d = kvl__h2f(w), dmin = kvl__h2f(w + 2);
     const uint8_t *sc = w + 4, *q = w + 16;
     for (int j = 0; j < 4; j++) {
-      __m512i u = q4_k_unit(q, j);
+      __m512i u = kvl__q4_k_unit(q, j);
       int s0, m0, s1, m1;
-      scale_min_k4(2 * j, sc, &s0, &m0);
-      scale_min_k4(2 * j + 1, sc, &s1, &m1);
+      kvl__q4_k_scale_min(2 * j, sc, &s0, &m0);
+      kvl__q4_k_scale_min(2 * j + 1, sc, &s1, &m1);
       float f0 = d * (float)s0, f1 = d * (float)s1, g0 = dmin * (float)m0, g1 = dmin * (float)m1;
       for (int t = 0; t < T; t++) {
         const float *xd = DA(a, t) + 8 * b;
@@ -216,11 +151,11 @@ static inline __attribute__((always_inline)) void dot_q6_k_n(const uint8_t *w, i
   for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++, w += 210) {
     for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 630 + o, _MM_HINT_T0); /* 3 blocks ahead */
-    float d = h2f(w + 208);
+    float d = kvl__h2f(w + 208);
     const int8_t *sc = (const int8_t *)(w + 192);
     for (int n = 0; n < 2; n++) {
       __m512i units[2];
-      q6_k_half(w, n, units);
+      kvl__q6_k_half(w, n, units);
       const int8_t *g = sc + 8 * n; /* 8 group scales of 16 */
       for (int k = 0; k < 2; k++) { /* elements 64k .. 64k+63 of this half */
         __m512i u = units[k];
@@ -304,7 +239,7 @@ static inline __attribute__((always_inline)) float dot1_blocks16(const uint8_t *
     int j = 0;
     for (; j + 4 <= n; j += 4) { /* blocks j..j+3: two pairs */
       const uint8_t *p = w + j * stride;
-      __m512i u0 = q5 ? q5_0_pair(p) : q8_0_pair(p), u1 = q5 ? q5_0_pair(p + 2 * stride) : q8_0_pair(p + 2 * stride);
+      __m512i u0 = q5 ? kvl__q5_0_pair(p) : kvl__q8_0_pair(p), u1 = q5 ? kvl__q5_0_pair(p + 2 * stride) : kvl__q8_0_pair(p + 2 * stride);
       __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(xq + 32 * (b + j)));
       __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, _mm512_loadu_si512(xq + 32 * (b + j + 2)));
       /* a pair's lane scales: lanes 0-7 its first block's, 8-15 its second's */
@@ -315,7 +250,7 @@ static inline __attribute__((always_inline)) float dot1_blocks16(const uint8_t *
     }
     if (j < n) { /* a last pair */
       const uint8_t *p = w + j * stride;
-      __m512i u0 = q5 ? q5_0_pair(p) : q8_0_pair(p);
+      __m512i u0 = q5 ? kvl__q5_0_pair(p) : kvl__q8_0_pair(p);
       __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(xq + 32 * (b + j)));
       acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(j)), sc),
                              acc0);
@@ -368,18 +303,18 @@ static float dot1_q4_k(const uint8_t *w, int64_t nb, const struct acts *a) {
     __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm));
     __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
     __m256 xd = _mm256_loadu_ps(DA(a, 0) + 8 * b);
-    __m256 sc = _mm256_mul_ps(_mm256_mul_ps(scf, _mm256_set1_ps(h2f(w))), xd);
+    __m256 sc = _mm256_mul_ps(_mm256_mul_ps(scf, _mm256_set1_ps(kvl__h2f(w))), xd);
     __m512i s16 = _mm512_loadu_si512(SA(a, 0) + 16 * b); /* sums of 16 codes */
     __m256i s8 = _mm512_castsi512_si256(_mm512_add_epi32(_mm512_permutexvar_epi32(even, s16),
                                                          _mm512_permutexvar_epi32(odd, s16)));
-    corr = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_set1_ps(h2f(w + 2))), _mm256_mul_ps(xd, _mm256_cvtepi32_ps(s8)),
+    corr = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_set1_ps(kvl__h2f(w + 2))), _mm256_mul_ps(xd, _mm256_cvtepi32_ps(s8)),
                            corr);
     __m512 sc16 = _mm512_castps256_ps512(sc);
     const uint8_t *q = w + 16;
     const int8_t *xq = QA(a, 0) + 256 * b;
     for (int j = 0; j < 4; j += 2) {
-      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q4_k_unit(q, j), _mm512_loadu_si512(xq + 64 * j));
-      __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q4_k_unit(q, j + 1), _mm512_loadu_si512(xq + 64 * j + 64));
+      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), kvl__q4_k_unit(q, j), _mm512_loadu_si512(xq + 64 * j));
+      __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), kvl__q4_k_unit(q, j + 1), _mm512_loadu_si512(xq + 64 * j + 64));
       __m512i i0 = _mm512_add_epi32(lanes, _mm512_set1_epi32(2 * j));
       acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(i0, sc16), acc0);
       acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(_mm512_add_epi32(i0, _mm512_set1_epi32(2)), sc16),
@@ -408,7 +343,7 @@ static float dot1_q6_k(const uint8_t *w, int64_t nb, const struct acts *a) {
   for (int64_t b = 0; b < nb; b++, w += 210) {
     for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T1); /* 4 KiB ahead */
     __m512 gs = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 192)))),
-                              _mm512_set1_ps(h2f(w + 208)));
+                              _mm512_set1_ps(kvl__h2f(w + 208)));
     /* group g (16 elements) lies in activation block g / 2 */
     __m512 xd = _mm512_permutexvar_ps(halves, _mm512_castps256_ps512(_mm256_loadu_ps(DA(a, 0) + 8 * b)));
     __m512 sc = _mm512_mul_ps(gs, xd);
@@ -416,7 +351,7 @@ static float dot1_q6_k(const uint8_t *w, int64_t nb, const struct acts *a) {
     const int8_t *xq = QA(a, 0) + 256 * b;
     for (int n = 0; n < 2; n++) {
       __m512i units[2];
-      q6_k_half(w, n, units);
+      kvl__q6_k_half(w, n, units);
       __m512i i0 = _mm512_add_epi32(quads, _mm512_set1_epi32(8 * n));
       __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), units[0], _mm512_loadu_si512(xq + 128 * n));
       __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), units[1], _mm512_loadu_si512(xq + 128 * n + 64));
@@ -493,8 +428,8 @@ static inline __attribute__((always_inline)) void vdot_q8_0(const uint8_t *w, in
   for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
   for (int64_t p = 0; p < nb / 2; p++, w += 68) {
     _mm_prefetch((const char *)w + 512, _MM_HINT_T0);
-    float wda = h2f(w), wdb = h2f(w + 34);
-    unit_tokens(q8_0_pair(w), two_scales(wda, wdb), two_scales(128.0f * wda, 128.0f * wdb), p, a, acc, T);
+    float wda = kvl__h2f(w), wdb = kvl__h2f(w + 34);
+    unit_tokens(kvl__q8_0_pair(w), two_scales(wda, wdb), two_scales(128.0f * wda, 128.0f * wdb), p, a, acc, T);
   }
   for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
@@ -505,8 +440,8 @@ static inline __attribute__((always_inline)) void vdot_q5_0(const uint8_t *w, in
   for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
   for (int64_t p = 0; p < nb / 2; p++, w += 44) {
     _mm_prefetch((const char *)w + 384, _MM_HINT_T0);
-    float wda = h2f(w), wdb = h2f(w + 22);
-    unit_tokens(q5_0_pair(w), two_scales(wda, wdb), two_scales(16.0f * wda, 16.0f * wdb), p, a, acc, T);
+    float wda = kvl__h2f(w), wdb = kvl__h2f(w + 22);
+    unit_tokens(kvl__q5_0_pair(w), two_scales(wda, wdb), two_scales(16.0f * wda, 16.0f * wdb), p, a, acc, T);
   }
   for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
@@ -519,13 +454,13 @@ static inline __attribute__((always_inline)) void vdot_q4_k(const uint8_t *w, in
     _mm_prefetch((const char *)w + 576, _MM_HINT_T0);
     _mm_prefetch((const char *)w + 640, _MM_HINT_T0);
     _mm_prefetch((const char *)w + 704, _MM_HINT_T0);
-    float d = h2f(w), dmin = h2f(w + 2);
+    float d = kvl__h2f(w), dmin = kvl__h2f(w + 2);
     const uint8_t *sc = w + 4, *q = w + 16;
     for (int j = 0; j < 4; j++) {
       int s0, m0, s1, m1;
-      scale_min_k4(2 * j, sc, &s0, &m0);
-      scale_min_k4(2 * j + 1, sc, &s1, &m1);
-      unit_tokens(q4_k_unit(q, j), two_scales(d * (float)s0, d * (float)s1), two_scales(dmin * (float)m0, dmin * (float)m1),
+      kvl__q4_k_scale_min(2 * j, sc, &s0, &m0);
+      kvl__q4_k_scale_min(2 * j + 1, sc, &s1, &m1);
+      unit_tokens(kvl__q4_k_unit(q, j), two_scales(d * (float)s0, d * (float)s1), two_scales(dmin * (float)m0, dmin * (float)m1),
                   4 * b + j, a, acc, T);
     }
   }
@@ -538,11 +473,11 @@ static inline __attribute__((always_inline)) void vdot_q6_k(const uint8_t *w, in
   for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++, w += 210) {
     for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 630 + o, _MM_HINT_T0);
-    float d = h2f(w + 208);
+    float d = kvl__h2f(w + 208);
     const int8_t *sc = (const int8_t *)(w + 192);
     for (int n = 0; n < 2; n++) {
       __m512i units[2];
-      q6_k_half(w, n, units);
+      kvl__q6_k_half(w, n, units);
       const int8_t *g = sc + 8 * n;
       for (int k = 0; k < 2; k++) {
         __m512i u = units[k];

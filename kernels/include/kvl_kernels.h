@@ -128,17 +128,22 @@ enum kvl_op {
  * a warning). "avx512bf16" adds bf16 prefill GEMMs (oneDNN; AMX tiles where present) on
  * repacked weights; it is chosen only when asked for. Static: never freed. */
 kvl_backend_t *kvl_backend_cpu(void);
-/* A CPU backend with an explicit level ("scalar", "avx2", "avx512", "avx512vnni",
+/* A CPU backend with an explicit level ("scalar", "avx2", "avx512", "avx512vnni", "amx",
  * "avx512bf16"), or NULL if this processor cannot run it. For tests and benchmarks. */
 kvl_backend_t *kvl_backend_cpu_level(const char *level);
 /* The scalar references (kernels/ref/) behind the backend interface: a whole forward
  * pass on the slow truth, for tests. */
 kvl_backend_t *kvl_backend_ref(void);
 const char *kvl_backend_name(const kvl_backend_t *be);
-/* The same backend without its approximations (the CPU's int8-activation decode kernels):
- * for batches whose numerics should not depend on how they were batched — prefill chunks
- * and the attention sink at position 0. Returns be itself when it has none. */
+/* The same backend with batch-invariant numerics (a row's result never depends on the
+ * other rows of its product): for prefill chunks and the attention sink. The CPU levels
+ * drop their int8 decode kernels (fp32), except the AMX level, whose tiles are
+ * batch-invariant and take every size. Returns be itself when it has nothing to drop. */
 kvl_backend_t *kvl_backend_exact(kvl_backend_t *be);
+/* The same backend computing in fp32 throughout (no int8 activations, no bf16 GEMMs):
+ * for the attention sink's rows (position 0: every later position attends to it) and for
+ * the captures that translators are fitted and distilled on. */
+kvl_backend_t *kvl_backend_fp32(kvl_backend_t *be);
 bool kvl_backend_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t weight_type);
 
 /* y[T][rows] = x[T][cols] · Wᵀ + bias */

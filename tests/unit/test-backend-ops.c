@@ -77,6 +77,9 @@ static void test_matmul(kvl_backend_t *be) {
     /* single decode tokens over rows of 16-block groups plus a partial one (8 rows: the
      * tight 1e-3 bound applies, so a wrong scale in the last group fails) */
     {8, 1024, 1}, {8, 1280, 1}, {8, 4864, 1},
+    /* batched decode on AMX tiles: partial 16-row groups, a last chunk of 128 elements (the
+     * 32-element formats) */
+    {20, 896, 9}, {37, 1280, 16}, {16, 2304, 2},
   };
   for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++)
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
@@ -84,6 +87,7 @@ static void test_matmul(kvl_backend_t *be) {
       int64_t rows = shapes[si].rows, cols = shapes[si].cols;
       int T = shapes[si].T;
       if (ty == KVL_TYPE_F32 && si == 1) cols = 509; /* a dense odd width: SIMD tails */
+      if (!kvl_row_size(ty, (uint64_t)cols)) continue; /* a width the format's blocks do not tile */
       void *wd = make_weight(ty, rows, cols);
       float *bias = malloc((size_t)rows * sizeof(float));
       fill(bias, (size_t)rows, 0.5f);
@@ -98,10 +102,12 @@ static void test_matmul(kvl_backend_t *be) {
       snprintf(desc, sizeof(desc), "%s rows=%lld cols=%lld T=%d%s", kvl_type_name(ty), (long long)rows,
                (long long)cols, T, w.bias ? " +bias" : "");
       /* the int8-activation decode path (small batches, 4 formats) has quantisation error */
-      bool int8 = be->qdot && T <= KVL__QDOT_USE_T && (ty == KVL_TYPE_Q8_0 || ty == KVL_TYPE_Q5_0 || ty == KVL_TYPE_Q4_K || ty == KVL_TYPE_Q6_K);
+      bool i8type = ty == KVL_TYPE_Q8_0 || ty == KVL_TYPE_Q5_0 || ty == KVL_TYPE_Q4_K || ty == KVL_TYPE_Q6_K;
+      bool amx = be->amx_min_t && T >= be->amx_min_t && i8type;
+      bool int8 = (be->qdot && T <= KVL__QDOT_USE_T && i8type) || amx;
       /* bf16 GEMMs: both operands rounded to 8 significant bits, fp32 accumulation */
       bool bf16 = be->bf16_min_t && T >= be->bf16_min_t && !int8;
-      report(kvl_backend_name(be), int8 ? "matmul-i8" : bf16 ? "matmul-bf16" : "matmul", desc,
+      report(kvl_backend_name(be), amx ? "matmul-amx" : int8 ? "matmul-i8" : bf16 ? "matmul-bf16" : "matmul", desc,
              nmse(y, yr, (size_t)T * rows),
              /* a single dot product can be near zero: its relative error says little */
              int8 ? (rows * T >= 8 ? 1e-3 : 5e-2) : bf16 ? (rows * T >= 8 ? 1e-4 : 1e-2) : 1e-10);
@@ -112,6 +118,17 @@ static void test_matmul(kvl_backend_t *be) {
         float *y1 = malloc((size_t)rows * sizeof(float));
         kvl_matmul(kvl_backend_exact(be), &w, x, y1, 1);
         CHECK(memcmp(y1, y, (size_t)rows * sizeof(float)) == 0);
+        free(y1);
+      }
+      if (amx) {
+        /* batch invariance: the first token alone, through the level's exact twin (tiles for
+         * every size), gives the same row */
+        float *y1 = malloc((size_t)rows * sizeof(float));
+        kvl_matmul(kvl_backend_exact(be), &w, x, y1, 1);
+        CHECK(memcmp(y1, y, (size_t)rows * sizeof(float)) == 0);
+        /* and the last one (past the first tile of 16 tokens where T > 16) */
+        kvl_matmul(kvl_backend_exact(be), &w, x + (size_t)(T - 1) * cols, y1, 1);
+        CHECK(memcmp(y1, y + (size_t)(T - 1) * rows, (size_t)rows * sizeof(float)) == 0);
         free(y1);
       }
       kvl_wpack_release(&slot);
@@ -269,36 +286,46 @@ static void test_qdot_vec(void) {
   kvl_backend_t *be = kvl_backend_cpu_level("avx512vnni");
   if (!be) { printf("  (no AVX-512 VNNI: skipped)\n"); return; }
   static const uint32_t ty[] = {KVL_TYPE_Q8_0, KVL_TYPE_Q5_0, KVL_TYPE_Q4_K, KVL_TYPE_Q6_K};
-  const int64_t K = 1536;
-  double worst = 0;
+  const int64_t K = 1536, R = 37; /* the AMX kernel: two whole 16-row groups and a partial one */
+  const bool amx = kvl__amx_usable();
+  double worst = 0, worst_amx = 0;
   for (size_t i = 0; i < 4; i++) {
-    void *wd = make_weight(ty[i], 3, K);
+    void *wd = make_weight(ty[i], R, K);
+    const size_t rb = kvl_row_size(ty[i], K);
     for (int T = 2; T <= KVL__QDOT_MAX_T; T++) {
       float *x = malloc((size_t)T * K * 4);
       fill(x, (size_t)T * K, 1.0f);
       int8_t *xq = malloc((size_t)T * K);
       float *xd = malloc((size_t)T * (K / 32) * 4), *sx = malloc((size_t)T * (K / 4) * 4), *cx = malloc((size_t)T * (K / 4) * 4);
       int32_t *xs = malloc((size_t)T * (K / 16) * 4);
+      float *ya = malloc((size_t)T * R * 4);
       for (int t = 0; t < T; t++) {
         kvl__q8_act(x + t * K, K, xq + t * K, xd + t * (K / 32), xs + t * (K / 16));
         kvl__q8_act_vec(xd + t * (K / 32), xs + t * (K / 16), K, sx + t * (K / 4), cx + t * (K / 4));
       }
-      for (int r = 0; r < 3; r++) {
-        const uint8_t *row = (const uint8_t *)wd + (size_t)r * kvl_row_size(ty[i], K);
+      if (amx) CHECK_EQ_INT(kvl__qmatmul_amx(ty[i], wd, rb, R, K, xq, xd, xs, T, NULL, ya), 0);
+      for (int r = 0; r < R; r++) {
+        const uint8_t *row = (const uint8_t *)wd + (size_t)r * rb;
         float a[KVL__QDOT_MAX_T], b[KVL__QDOT_MAX_T];
         CHECK_EQ_INT(be->qdot(ty[i], row, K, xq, xd, xs, T, a), 0);
-        CHECK_EQ_INT(be->qdot_vec(ty[i], row, K, xq, sx, cx, T, b), 0);
+        if (r < 3) CHECK_EQ_INT(be->qdot_vec(ty[i], row, K, xq, sx, cx, T, b), 0);
         for (int t = 0; t < T; t++) {
-          double e = fabs((double)a[t] - b[t]) / (fabs((double)a[t]) + 1.0);
-          worst = fmax(worst, e);
+          if (r < 3) worst = fmax(worst, fabs((double)a[t] - b[t]) / (fabs((double)a[t]) + 1.0));
+          if (amx) worst_amx = fmax(worst_amx, fabs((double)a[t] - ya[(size_t)t * R + r]) / (fabs((double)a[t]) + 1.0));
         }
       }
-      free(x); free(xq); free(xd); free(sx); free(cx); free(xs);
+      free(x); free(xq); free(xd); free(sx); free(cx); free(xs); free(ya);
     }
     free(wd);
   }
   printf("  vector-scale vs scalar-scale int8 kernels, T = 2..16, 4 formats: worst relative difference %.2e\n", worst);
   CHECK(worst < 1e-4); /* the offset terms cancel large sums: rounding shows at ~1e-5 */
+  if (amx) {
+    printf("  AMX tiles vs scalar-scale int8 kernels, same cases: worst relative difference %.2e\n", worst_amx);
+    CHECK(worst_amx < 1e-4);
+  } else {
+    printf("  (no AMX int8, or the kernel refused the tile state: the AMX kernel not tested)\n");
+  }
 }
 
 static double now(void) {
@@ -332,9 +359,9 @@ static void perf(kvl_backend_t *be) {
 }
 
 int main(int argc, char **argv) {
-  const char *levels[] = {"scalar", "avx2", "avx512", "avx512vnni", "avx512bf16"};
+  const char *levels[] = {"scalar", "avx2", "avx512", "avx512vnni", "amx", "avx512bf16"};
   bool do_perf = argc > 1 && !strcmp(argv[1], "--perf");
-  for (int i = 0; i < 5; i++) {
+  for (int i = 0; i < (int)(sizeof(levels) / sizeof(levels[0])); i++) {
     kvl_backend_t *be = kvl_backend_cpu_level(levels[i]);
     if (!be) { printf("skip %s (not supported by this processor)\n", levels[i]); continue; }
     if (do_perf) { perf(be); continue; }
