@@ -19,16 +19,25 @@ static void add_inplace(float *h, const float *d, size_t n) {
 }
 
 /* y = x·Wᵀ with the rows of the attention sink (sink[t]) through `sb`, the others through
- * `be`, in runs of consecutive rows: a row's numerics depend on its own position only. */
+ * `be`: a row's numerics depend on its own position only. The sink rows of a batch (one
+ * per new prompt) go through `sb` together, gathered into `tmp` (T·max(cols, rows)). */
 static void matmul_rows(kvl_backend_t *be, kvl_backend_t *sb, const bool *sink, const struct kvl_weight *w,
-                        const float *x, float *y, int T) {
+                        const float *x, float *y, int T, float *tmp) {
   if (sb == be) {
     kvl_matmul(be, w, x, y, T);
     return;
   }
-  for (int t0 = 0, t1; t0 < T; t0 = t1) {
+  const size_t K = (size_t)w->cols, N = (size_t)w->rows;
+  int ns = 0;
+  for (int t = 0; t < T; t++)
+    if (sink[t]) memcpy(tmp + (size_t)ns++ * K, x + (size_t)t * K, K * sizeof(float));
+  float *ys = tmp + (size_t)ns * K;
+  kvl_matmul(sb, w, tmp, ys, ns);
+  for (int t = 0, i = 0; t < T; t++)
+    if (sink[t]) memcpy(y + (size_t)t * N, ys + (size_t)i++ * N, N * sizeof(float));
+  for (int t0 = 0, t1; t0 < T; t0 = t1) { /* the others, in runs of consecutive rows */
     for (t1 = t0 + 1; t1 < T && sink[t1] == sink[t0];) t1++;
-    kvl_matmul(sink[t0] ? sb : be, w, x + (size_t)t0 * w->cols, y + (size_t)t0 * w->rows, t1 - t0);
+    if (!sink[t0]) kvl_matmul(be, w, x + (size_t)t0 * K, y + (size_t)t0 * N, t1 - t0);
   }
 }
 
@@ -57,9 +66,16 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
   kvl_backend_t *sb = kvl_backend_fp32(be);
   bool *sink = malloc((size_t)T * sizeof(bool));
   if (!sink) return KVL_ENOMEM;
-  bool any = false;
-  for (int t = 0; t < T; t++) any |= sink[t] = b->pos[t] == 0;
-  if (!any) sb = be;
+  int n_sink = 0;
+  for (int t = 0; t < T; t++) n_sink += sink[t] = b->pos[t] == 0;
+  if (!n_sink) sb = be;
+  /* the sink rows' inputs and outputs, gathered (the widest product: the output head) */
+  size_t widest = (size_t)(F > hp->n_vocab ? F : hp->n_vocab) + (size_t)(E > F ? E : F);
+  float *tmp = n_sink ? malloc((size_t)n_sink * widest * sizeof(float)) : NULL;
+  if (n_sink && !tmp) {
+    free(sink);
+    return KVL_ENOMEM;
+  }
 
   /* scratch: one allocation sliced by a size table (STYLE.md §8) */
   size_t sizes[] = {(size_t)T * E, (size_t)T * E, (size_t)T * E, (size_t)T * KV, (size_t)T * KV,
@@ -69,6 +85,7 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
   float *mem = malloc(total * sizeof(float));
   if (!mem) {
     free(sink);
+    free(tmp);
     return KVL_ENOMEM;
   }
   float *p = mem, *slot[8];
@@ -80,9 +97,9 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
   for (int il = 0; il < hp->n_layer; il++) {
     const struct kvl_layer *L = &m->layers[il];
     kvl_rmsnorm(be, h, L->attn_norm, x, T, E, hp->rms_eps);
-    matmul_rows(be, sb, sink, &L->wq, x, q, T);
-    matmul_rows(be, sb, sink, &L->wk, x, k, T);
-    matmul_rows(be, sb, sink, &L->wv, x, v, T);
+    matmul_rows(be, sb, sink, &L->wq, x, q, T, tmp);
+    matmul_rows(be, sb, sink, &L->wk, x, k, T, tmp);
+    matmul_rows(be, sb, sink, &L->wv, x, v, T, tmp);
     if (cap)
       for (int c = 0; c < cap->n_layers; c++)
         if (cap->layers[c] == il) {
@@ -95,13 +112,13 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
     struct kvl_attn_args a = {T, q, att, b->pos, b->seq, kv->block_tables, H, il, kv->layout, kv->base,
                               1.0f / sqrtf((float)D)};
     kvl_attention(be, &a);
-    matmul_rows(be, sb, sink, &L->wo, att, x, T);
+    matmul_rows(be, sb, sink, &L->wo, att, x, T, tmp);
     add_inplace(h, x, (size_t)T * E);
     kvl_rmsnorm(be, h, L->ffn_norm, x, T, E, hp->rms_eps);
-    matmul_rows(be, sb, sink, &L->w_gate, x, gate, T);
-    matmul_rows(be, sb, sink, &L->w_up, x, up, T);
+    matmul_rows(be, sb, sink, &L->w_gate, x, gate, T, tmp);
+    matmul_rows(be, sb, sink, &L->w_up, x, up, T, tmp);
     kvl_swiglu(be, gate, up, gate, (int64_t)T * F);
-    matmul_rows(be, sb, sink, &L->w_down, gate, x, T);
+    matmul_rows(be, sb, sink, &L->w_down, gate, x, T, tmp);
     add_inplace(h, x, (size_t)T * E);
   }
   /* gather the rows that want logits, normalise, project */
@@ -113,9 +130,10 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
     }
   if (n_out > 0 && logits) {
     kvl_rmsnorm(be, h, m->output_norm, x, n_out, E, hp->rms_eps);
-    matmul_rows(be, sb, sink, &m->output, x, logits, n_out);
+    matmul_rows(be, sb, sink, &m->output, x, logits, n_out, tmp);
   }
   free(mem);
   free(sink);
+  free(tmp);
   return 0;
 }

@@ -338,11 +338,13 @@ static kvl_backend_t be_avx2 = {"cpu-avx2", &cpu_ops, &kvl__simd_avx2, NULL, NUL
 static kvl_backend_t be_avx512 = {"cpu-avx512", &cpu_ops, &kvl__simd_avx512, NULL, NULL, 0, NULL, 0};
 static kvl_backend_t be_avx512vnni = {"cpu-avx512-vnni", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni,
                                       kvl__qdot_vec_avx512vnni, 0, NULL, 0};
-/* AMX int8 tiles for every product of two or more tokens on the four int8 formats (the
- * VNNI kernels for single tokens); its exact twin (prefill chunks, the attention sink)
- * takes the tiles for every size, so a prompt's cache does not depend on its chunking. */
+/* AMX int8 tiles for decode batches of 4 or more tokens on the four int8 formats (the
+ * VNNI kernels below that: a tile product costs the same for 1 and 16 tokens, and at 4
+ * both cost the same); its exact twin (prefill chunks; the attention sink's rows go to
+ * fp32) takes the tiles for every size, so a prompt's cache does not depend on its
+ * chunking. */
 static kvl_backend_t be_amx = {"cpu-amx-int8", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni,
-                               kvl__qdot_vec_avx512vnni, 0, kvl__qmatmul_amx, 2};
+                               kvl__qdot_vec_avx512vnni, 0, kvl__qmatmul_amx, 4};
 static kvl_backend_t be_amx_exact = {"cpu-amx-int8-prefill", &cpu_ops, &kvl__simd_avx512, NULL, NULL, 0,
                                      kvl__qmatmul_amx, 1};
 /* bf16 GEMMs (oneDNN, AMX where present) for every product above the int8 decode sizes;
