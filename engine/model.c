@@ -142,6 +142,7 @@ int kvl_model_from_gguf(kvl_gguf_t *g, const char *name, kvl_model_t **out, char
     return kvl_errf(err, errlen, KVL_EFORMAT, "missing metadata key 'general.architecture'");
   struct kvl_model *m = calloc(1, sizeof(*m));
   if (!m) return KVL_ENOMEM;
+  pthread_mutex_init(&m->sinks.mu, NULL);
   m->gguf = g;
   snprintf(m->hp.arch, sizeof(m->hp.arch), "%s", arch);
   const char *gname;
@@ -179,6 +180,8 @@ void kvl_model_free(kvl_model_t *m) {
   for (int i = 0; i < m->n_packs; i++) kvl_wpack_release(&m->packs[i]);
   free(m->packs);
   free(m->layers);
+  for (int i = 0; i < 16; i++) free(m->sinks.kv[i]);
+  pthread_mutex_destroy(&m->sinks.mu);
   kvl_gguf_free(m->gguf);
   free(m);
 }

@@ -18,34 +18,145 @@ static void add_inplace(float *h, const float *d, size_t n) {
   for (size_t i = 0; i < n; i++) h[i] += d[i];
 }
 
-/* y = x·Wᵀ with the rows of the attention sink (sink[t]) through `sb`, the others through
- * `be`: a row's numerics depend on its own position only. The sink rows of a batch (one
- * per new prompt) go through `sb` together, gathered into `tmp` (T·max(cols, rows)). */
+/* y = x·Wᵀ with the rows of the attention sink (sink[t]) through `sb`, one row per product
+ * (so a sink row's numerics never depend on how many prompts started in its batch), and
+ * the others through `be` in runs of consecutive rows. */
 static void matmul_rows(kvl_backend_t *be, kvl_backend_t *sb, const bool *sink, const struct kvl_weight *w,
-                        const float *x, float *y, int T, float *tmp) {
+                        const float *x, float *y, int T) {
   if (sb == be) {
     kvl_matmul(be, w, x, y, T);
     return;
   }
   const size_t K = (size_t)w->cols, N = (size_t)w->rows;
-  int ns = 0;
-  for (int t = 0; t < T; t++)
-    if (sink[t]) memcpy(tmp + (size_t)ns++ * K, x + (size_t)t * K, K * sizeof(float));
-  float *ys = tmp + (size_t)ns * K;
-  kvl_matmul(sb, w, tmp, ys, ns);
-  for (int t = 0, i = 0; t < T; t++)
-    if (sink[t]) memcpy(y + (size_t)t * N, ys + (size_t)i++ * N, N * sizeof(float));
-  for (int t0 = 0, t1; t0 < T; t0 = t1) { /* the others, in runs of consecutive rows */
-    for (t1 = t0 + 1; t1 < T && sink[t1] == sink[t0];) t1++;
-    if (!sink[t0]) kvl_matmul(be, w, x + (size_t)t0 * K, y + (size_t)t0 * N, t1 - t0);
+  for (int t0 = 0, t1; t0 < T; t0 = t1) {
+    for (t1 = t0 + 1; t1 < T && !sink[t0] && !sink[t1];) t1++;
+    kvl_matmul(sink[t0] ? sb : be, w, x + t0 * K, y + t0 * N, t1 - t0);
   }
+}
+
+/* The sink rows of token tok computed on sb: copied into out (rows_len floats) when out is
+ * not NULL; whether they are known. */
+static bool sink_find(kvl_model_t *m, const kvl_backend_t *sb, int32_t tok, float *out, size_t rows_len) {
+  bool found = false;
+  pthread_mutex_lock(&m->sinks.mu);
+  for (int i = 0; i < m->sinks.n && !found; i++)
+    if (m->sinks.tok[i] == tok && m->sinks.be[i] == sb) {
+      found = true;
+      if (out) memcpy(out, m->sinks.kv[i], rows_len * sizeof(float));
+    }
+  pthread_mutex_unlock(&m->sinks.mu);
+  return found;
+}
+
+/* Remember the sink rows of tok (takes rows; a full table replaces round-robin). */
+static void sink_keep(kvl_model_t *m, const kvl_backend_t *sb, int32_t tok, float *rows) {
+  pthread_mutex_lock(&m->sinks.mu);
+  bool known = false;
+  for (int i = 0; i < m->sinks.n; i++) known |= m->sinks.tok[i] == tok && m->sinks.be[i] == sb;
+  const int cap = (int)(sizeof(m->sinks.tok) / sizeof(m->sinks.tok[0]));
+  if (!known) {
+    int i = m->sinks.n < cap ? m->sinks.n++ : (int)(m->sinks.next++ % (unsigned)cap);
+    free(m->sinks.kv[i]);
+    m->sinks.tok[i] = tok, m->sinks.be[i] = sb, m->sinks.kv[i] = rows;
+    rows = NULL;
+  }
+  pthread_mutex_unlock(&m->sinks.mu);
+  free(rows);
+}
+
+static int forward_rows(kvl_model_t *m, kvl_backend_t *be, kvl_backend_t *sb, const struct kvl_batch *b,
+                        const struct kvl_kv_view *kv, float *logits, const struct kvl_capture *cap) {
+  const struct kvl_model_hparams *hp = &m->hp;
+  const int T = b->n_tokens, E = hp->n_embd, D = hp->head_dim, H = hp->n_head;
+  const int KV = hp->n_kv_head * D, F = hp->n_ff;
+  const size_t rows_len = (size_t)hp->n_layer * 2 * KV;
+  bool *sink = malloc((size_t)T * sizeof(bool));
+  float **fill = calloc((size_t)T, sizeof(float *)); /* sink rows to remember, per row */
+  if (!sink || !fill) {
+    free(sink);
+    free(fill);
+    return KVL_ENOMEM;
+  }
+  bool any = false;
+  for (int t = 0; t < T; t++) {
+    any |= sink[t] = b->pos[t] == 0;
+    if (sink[t] && !sink_find(m, sb, b->tokens[t], NULL, 0)) fill[t] = malloc(rows_len * sizeof(float));
+  }
+  if (!any) sb = be;
+
+  /* scratch: one allocation sliced by a size table (STYLE.md §8) */
+  size_t sizes[] = {(size_t)T * E, (size_t)T * E, (size_t)T * E, (size_t)T * KV, (size_t)T * KV,
+                    (size_t)T * E, (size_t)T * F, (size_t)T * F};
+  size_t total = 0;
+  for (size_t i = 0; i < 8; i++) total += sizes[i];
+  float *mem = malloc(total * sizeof(float));
+  if (!mem) {
+    for (int t = 0; t < T; t++) free(fill[t]);
+    free(sink);
+    free(fill);
+    return KVL_ENOMEM;
+  }
+  float *p = mem, *slot[8];
+  for (size_t i = 0; i < 8; i++) { slot[i] = p; p += sizes[i]; }
+  float *h = slot[0], *x = slot[1], *q = slot[2], *k = slot[3], *v = slot[4], *att = slot[5];
+  float *gate = slot[6], *up = slot[7];
+
+  kvl_embed(be, &m->tok_embd, b->tokens, h, T);
+  for (int il = 0; il < hp->n_layer; il++) {
+    const struct kvl_layer *L = &m->layers[il];
+    kvl_rmsnorm(be, h, L->attn_norm, x, T, E, hp->rms_eps);
+    matmul_rows(be, sb, sink, &L->wq, x, q, T);
+    matmul_rows(be, sb, sink, &L->wk, x, k, T);
+    matmul_rows(be, sb, sink, &L->wv, x, v, T);
+    if (cap)
+      for (int c = 0; c < cap->n_layers; c++)
+        if (cap->layers[c] == il) {
+          if (cap->k_pre && cap->k_pre[c]) memcpy(cap->k_pre[c], k, (size_t)T * KV * sizeof(float));
+          if (cap->v && cap->v[c]) memcpy(cap->v[c], v, (size_t)T * KV * sizeof(float));
+        }
+    kvl_rope(be, &m->rope, q, b->pos, T, H, false);
+    kvl_rope(be, &m->rope, k, b->pos, T, hp->n_kv_head, false);
+    kvl_kv_store(kv->layout, kv->base, il, T, k, v, b->pos, b->seq, kv->block_tables);
+    for (int t = 0; t < T; t++)
+      if (fill[t]) {
+        memcpy(fill[t] + (size_t)il * 2 * KV, k + (size_t)t * KV, (size_t)KV * sizeof(float));
+        memcpy(fill[t] + ((size_t)il * 2 + 1) * KV, v + (size_t)t * KV, (size_t)KV * sizeof(float));
+      }
+    struct kvl_attn_args a = {T, q, att, b->pos, b->seq, kv->block_tables, H, il, kv->layout, kv->base,
+                              1.0f / sqrtf((float)D)};
+    kvl_attention(be, &a);
+    matmul_rows(be, sb, sink, &L->wo, att, x, T);
+    add_inplace(h, x, (size_t)T * E);
+    kvl_rmsnorm(be, h, L->ffn_norm, x, T, E, hp->rms_eps);
+    matmul_rows(be, sb, sink, &L->w_gate, x, gate, T);
+    matmul_rows(be, sb, sink, &L->w_up, x, up, T);
+    kvl_swiglu(be, gate, up, gate, (int64_t)T * F);
+    matmul_rows(be, sb, sink, &L->w_down, gate, x, T);
+    add_inplace(h, x, (size_t)T * E);
+  }
+  /* gather the rows that want logits, normalise, project */
+  int n_out = 0;
+  for (int t = 0; t < T; t++)
+    if (!b->logits || b->logits[t]) {
+      if (n_out != t) memcpy(h + (size_t)n_out * E, h + (size_t)t * E, (size_t)E * sizeof(float));
+      sink[n_out++] = sink[t];
+    }
+  if (n_out > 0 && logits) {
+    kvl_rmsnorm(be, h, m->output_norm, x, n_out, E, hp->rms_eps);
+    matmul_rows(be, sb, sink, &m->output, x, logits, n_out);
+  }
+  free(mem);
+  for (int t = 0; t < T; t++)
+    if (fill[t]) sink_keep(m, sb, b->tokens[t], fill[t]); /* takes it */
+  free(sink);
+  free(fill);
+  return 0;
 }
 
 int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch *b,
                       const struct kvl_kv_view *kv, float *logits, const struct kvl_capture *cap) {
   const struct kvl_model_hparams *hp = &m->hp;
-  const int T = b->n_tokens, E = hp->n_embd, D = hp->head_dim, H = hp->n_head;
-  const int KV = hp->n_kv_head * D, F = hp->n_ff;
+  const int T = b->n_tokens, D = hp->head_dim, KV = hp->n_kv_head * D;
   KVL_ASSERT(kv->layout->n_layer == hp->n_layer && kv->layout->n_kv_head == hp->n_kv_head &&
              kv->layout->head_dim == D);
   if (T <= 0) return 0;
@@ -62,78 +173,35 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
     }
     if (exact) be = kvl_backend_exact(be);
   }
-  /* the attention sink's rows in fp32: every later position attends to it */
+  /* the attention sink's rows in fp32 (every later position attends to it); those that
+   * want no logits and were computed before are stored, not computed again */
   kvl_backend_t *sb = kvl_backend_fp32(be);
-  bool *sink = malloc((size_t)T * sizeof(bool));
-  if (!sink) return KVL_ENOMEM;
-  int n_sink = 0;
-  for (int t = 0; t < T; t++) n_sink += sink[t] = b->pos[t] == 0;
-  if (!n_sink) sb = be;
-  /* the sink rows' inputs and outputs, gathered (the widest product: the output head) */
-  size_t widest = (size_t)(F > hp->n_vocab ? F : hp->n_vocab) + (size_t)(E > F ? E : F);
-  float *tmp = n_sink ? malloc((size_t)n_sink * widest * sizeof(float)) : NULL;
-  if (n_sink && !tmp) {
-    free(sink);
+  const size_t rows_len = (size_t)hp->n_layer * 2 * KV;
+  int n_keep = 0;
+  int32_t *keep = malloc((size_t)T * 3 * sizeof(int32_t));
+  int8_t *keep_lg = b->logits ? malloc((size_t)T) : NULL;
+  float *rows = malloc(rows_len * sizeof(float));
+  if (!keep || (b->logits && !keep_lg) || !rows) {
+    free(keep), free(keep_lg), free(rows);
     return KVL_ENOMEM;
   }
-
-  /* scratch: one allocation sliced by a size table (STYLE.md §8) */
-  size_t sizes[] = {(size_t)T * E, (size_t)T * E, (size_t)T * E, (size_t)T * KV, (size_t)T * KV,
-                    (size_t)T * E, (size_t)T * F, (size_t)T * F};
-  size_t total = 0;
-  for (size_t i = 0; i < 8; i++) total += sizes[i];
-  float *mem = malloc(total * sizeof(float));
-  if (!mem) {
-    free(sink);
-    free(tmp);
-    return KVL_ENOMEM;
-  }
-  float *p = mem, *slot[8];
-  for (size_t i = 0; i < 8; i++) { slot[i] = p; p += sizes[i]; }
-  float *h = slot[0], *x = slot[1], *q = slot[2], *k = slot[3], *v = slot[4], *att = slot[5];
-  float *gate = slot[6], *up = slot[7];
-
-  kvl_embed(be, &m->tok_embd, b->tokens, h, T);
-  for (int il = 0; il < hp->n_layer; il++) {
-    const struct kvl_layer *L = &m->layers[il];
-    kvl_rmsnorm(be, h, L->attn_norm, x, T, E, hp->rms_eps);
-    matmul_rows(be, sb, sink, &L->wq, x, q, T, tmp);
-    matmul_rows(be, sb, sink, &L->wk, x, k, T, tmp);
-    matmul_rows(be, sb, sink, &L->wv, x, v, T, tmp);
-    if (cap)
-      for (int c = 0; c < cap->n_layers; c++)
-        if (cap->layers[c] == il) {
-          if (cap->k_pre && cap->k_pre[c]) memcpy(cap->k_pre[c], k, (size_t)T * KV * sizeof(float));
-          if (cap->v && cap->v[c]) memcpy(cap->v[c], v, (size_t)T * KV * sizeof(float));
-        }
-    kvl_rope(be, &m->rope, q, b->pos, T, H, false);
-    kvl_rope(be, &m->rope, k, b->pos, T, hp->n_kv_head, false);
-    kvl_kv_store(kv->layout, kv->base, il, T, k, v, b->pos, b->seq, kv->block_tables);
-    struct kvl_attn_args a = {T, q, att, b->pos, b->seq, kv->block_tables, H, il, kv->layout, kv->base,
-                              1.0f / sqrtf((float)D)};
-    kvl_attention(be, &a);
-    matmul_rows(be, sb, sink, &L->wo, att, x, T, tmp);
-    add_inplace(h, x, (size_t)T * E);
-    kvl_rmsnorm(be, h, L->ffn_norm, x, T, E, hp->rms_eps);
-    matmul_rows(be, sb, sink, &L->w_gate, x, gate, T, tmp);
-    matmul_rows(be, sb, sink, &L->w_up, x, up, T, tmp);
-    kvl_swiglu(be, gate, up, gate, (int64_t)T * F);
-    matmul_rows(be, sb, sink, &L->w_down, gate, x, T, tmp);
-    add_inplace(h, x, (size_t)T * E);
-  }
-  /* gather the rows that want logits, normalise, project */
-  int n_out = 0;
-  for (int t = 0; t < T; t++)
-    if (!b->logits || b->logits[t]) {
-      if (n_out != t) memcpy(h + (size_t)n_out * E, h + (size_t)t * E, (size_t)E * sizeof(float));
-      sink[n_out++] = sink[t];
+  for (int t = 0; t < T; t++) {
+    if (!cap && b->pos[t] == 0 && b->logits && !b->logits[t] && sink_find(m, sb, b->tokens[t], rows, rows_len)) {
+      for (int il = 0; il < hp->n_layer; il++)
+        kvl_kv_store(kv->layout, kv->base, il, 1, rows + (size_t)il * 2 * KV, rows + ((size_t)il * 2 + 1) * KV,
+                     &b->pos[t], &b->seq[t], kv->block_tables);
+      continue;
     }
-  if (n_out > 0 && logits) {
-    kvl_rmsnorm(be, h, m->output_norm, x, n_out, E, hp->rms_eps);
-    matmul_rows(be, sb, sink, &m->output, x, logits, n_out, tmp);
+    keep[n_keep] = b->tokens[t], keep[T + n_keep] = b->pos[t], keep[2 * T + n_keep] = b->seq[t];
+    if (keep_lg) keep_lg[n_keep] = b->logits[t];
+    n_keep++;
   }
-  free(mem);
-  free(sink);
-  free(tmp);
-  return 0;
+  int rc = 0;
+  if (n_keep == T) rc = forward_rows(m, be, sb, b, kv, logits, cap);
+  else if (n_keep > 0) {
+    struct kvl_batch r = {n_keep, keep, keep + T, keep + 2 * T, keep_lg};
+    rc = forward_rows(m, be, sb, &r, kv, logits, cap);
+  }
+  free(keep), free(keep_lg), free(rows);
+  return rc;
 }

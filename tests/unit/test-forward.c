@@ -191,6 +191,46 @@ static void test_refusals(void) {
   free(buf);
 }
 
+/* The attention sink's rows: once computed for a first token, a prompt that starts with it
+ * (and wants no logits there) stores the remembered rows instead of computing them — the
+ * same bits, in the cache and in the logits, alone in a batch or with other rows. */
+static void test_sink_rows(void) {
+  void *buf;
+  char err[256];
+  struct tiny_opts o = {0};
+  kvl_model_t *m = load_tiny(&o, &buf, err, sizeof(err), NULL);
+  CHECK(m != NULL);
+  if (!m) return;
+  const int NV = kvl_model_hparams(m)->n_vocab, n = 20;
+  struct kvl_kv_layout kl = kvl_model_kv_layout(m, KVL_KV_F32);
+  const size_t pool_len = 2 * kvl_kv_block_bytes(&kl);
+  int32_t toks[20], pos[20], seq[20] = {0}, table[2] = {0, 1};
+  int8_t want[20] = {0};
+  unsigned long long r = 7;
+  for (int i = 0; i < n; i++) toks[i] = (int32_t)(kvl_test_rand(&r) % (unsigned)NV), pos[i] = i;
+  want[n - 1] = 1;
+  const int32_t *tables[] = {table};
+  void *pools[3];
+  float lg[3][300];
+  for (int run = 0; run < 3; run++) {
+    pools[run] = calloc(1, pool_len);
+    struct kvl_kv_view kv = {&kl, pools[run], tables};
+    if (run < 2) { /* 0: computes and remembers position 0; 1: stores it */
+      struct kvl_batch b = {n, toks, pos, seq, want};
+      CHECK_EQ_INT(kvl_model_forward(m, kvl_backend_cpu(), &b, &kv, lg[run], NULL), 0);
+    } else { /* the sink alone in its batch (nothing left to compute), then the rest */
+      struct kvl_batch b0 = {1, toks, pos, seq, want}, b1 = {n - 1, toks + 1, pos + 1, seq + 1, want + 1};
+      CHECK_EQ_INT(kvl_model_forward(m, kvl_backend_cpu(), &b0, &kv, NULL, NULL), 0);
+      CHECK_EQ_INT(kvl_model_forward(m, kvl_backend_cpu(), &b1, &kv, lg[run], NULL), 0);
+    }
+  }
+  CHECK(memcmp(pools[0], pools[1], pool_len) == 0 && memcmp(pools[0], pools[2], pool_len) == 0);
+  CHECK(memcmp(lg[0], lg[1], sizeof(lg[0])) == 0 && memcmp(lg[0], lg[2], sizeof(lg[0])) == 0);
+  for (int run = 0; run < 3; run++) free(pools[run]);
+  kvl_model_free(m);
+  free(buf);
+}
+
 int main(void) {
   /* compare exact arithmetic: the int8-activation decode path has its own bounds
    * (test-backend-ops, and the real-model decode goldens) */
@@ -198,5 +238,6 @@ int main(void) {
   RUN(test_mixed_batches);
   RUN(test_tied);
   RUN(test_refusals);
+  RUN(test_sink_rows);
   return TEST_EXIT();
 }
