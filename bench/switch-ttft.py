@@ -15,7 +15,9 @@ history length C and direction S -> T, per run:
   reprefill:  a fresh history of the same length + the turn, sent to T with
       `reprefill` set: everything computed natively by T (nothing cached).
 TTFT = from sending the request to the first streamed token, at the client. Medians over
-the runs; every run uses fresh tokens, so no prefix cache helps either side. Writes
+the runs; every run uses fresh tokens after a first <|im_start|> (as a chat transcript
+starts: both sides reuse that position's K/V, which depends on the token alone), so no
+prefix cache helps either side. Writes
 bench/results/switch-ttft.json (+ .md, .png) in shared/BENCH-FORMAT.md's format.
 """
 import argparse
@@ -86,6 +88,11 @@ def main():
     def fresh(n):  # ordinary token ids (no specials), fresh every time
         return [rng.randrange(200, 150000) for _ in range(n)]
 
+    IM_START = 151644  # both models' <|im_start|>: a chat transcript's first token
+
+    def history(n):  # fresh, but starting as every chat transcript does
+        return [IM_START] + fresh(n - 1)
+
     def ttft(model, ids, conv="", reprefill=False):
         req = pb.GenerateRequest(tokens=pb.TokenIds(ids=ids), model=model, max_tokens=1, ignore_eos=True,
                                  conversation_id=conv, reprefill=reprefill, sampling=pb.SamplingParams(temperature=0))
@@ -99,7 +106,7 @@ def main():
 
     dirs = {"small-to-large": (small, large), "large-to-small": (large, small)}
     for model in (small, large):  # untimed: first products repack weights (the bf16 level), fault pages in
-        ttft(model, fresh(64), reprefill=True)
+        ttft(model, history(64), reprefill=True)
     results = []
     for C in contexts:
         for name in a.directions.split(","):
@@ -107,12 +114,12 @@ def main():
             tr, rp, usage = [], [], None
             for k in range(a.runs):
                 conv = f"bench-{C}-{name}-{k}-{rng.randrange(1 << 30)}"
-                hist = fresh(C)
+                hist = history(C)
                 ttft(S, hist, conv)  # S writes the history natively (not timed)
                 ms, last = ttft(T, hist + fresh(a.turn), conv)
                 tr.append(ms)
                 usage = last.usage
-                ms2, last2 = ttft(T, fresh(C) + fresh(a.turn), reprefill=True)
+                ms2, last2 = ttft(T, history(C) + fresh(a.turn), reprefill=True)
                 rp.append(ms2)
                 print(f"  {S} -> {T}, {C} tokens: translated {ms:.0f} ms ({usage.translated_tokens} translated, "
                       f"{usage.prefilled_tokens} prefilled), reprefill {ms2:.0f} ms "
