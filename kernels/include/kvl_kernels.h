@@ -122,10 +122,11 @@ enum kvl_op {
   KVL_OP_COUNT_
 };
 
-/* The CPU backend with the best SIMD path this processor has (AVX-512 with the VNNI
- * int8 decode kernels, AVX-512, AVX2 or plain C), or the one forced by
- * KVL_CPU=scalar|avx2|avx512|avx512vnni|avx512bf16 (an unsupported choice falls back with
- * a warning). "avx512bf16" adds bf16 prefill GEMMs (oneDNN; AMX tiles where present) on
+/* The CPU backend with the best SIMD path this processor has (AMX int8 tiles for prefill
+ * and batched decode with the VNNI kernels for single tokens, AVX-512 with the VNNI int8
+ * decode kernels, AVX-512, AVX2 or plain C), or the one forced by
+ * KVL_CPU=scalar|avx2|avx512|avx512vnni|amx|avx512bf16 (an unsupported choice falls back
+ * with a warning). "avx512bf16" adds bf16 prefill GEMMs (oneDNN; AMX tiles where present) on
  * repacked weights; it is chosen only when asked for. Static: never freed. */
 kvl_backend_t *kvl_backend_cpu(void);
 /* A CPU backend with an explicit level ("scalar", "avx2", "avx512", "avx512vnni", "amx",
@@ -135,10 +136,11 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level);
  * pass on the slow truth, for tests. */
 kvl_backend_t *kvl_backend_ref(void);
 const char *kvl_backend_name(const kvl_backend_t *be);
-/* The same backend with batch-invariant numerics (a row's result never depends on the
- * other rows of its product): for prefill chunks and the attention sink. The CPU levels
- * drop their int8 decode kernels (fp32), except the AMX level, whose tiles are
- * batch-invariant and take every size. Returns be itself when it has nothing to drop. */
+/* The same backend for batches whose numerics should not depend on how they were batched
+ * (prefill chunks, the attention sink): the CPU levels drop their int8 decode kernels
+ * (fp32), except the AMX level, whose tiles are batch-invariant (a row's result depends on
+ * its own activations only) and take every size. Returns be itself when it has nothing to
+ * drop. */
 kvl_backend_t *kvl_backend_exact(kvl_backend_t *be);
 /* The same backend computing in fp32 throughout (no int8 activations, no bf16 GEMMs):
  * for the attention sink's rows (position 0: every later position attends to it) and for
