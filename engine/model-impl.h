@@ -31,6 +31,7 @@ struct kvl_model {
     pthread_mutex_t mu;
     int n;                          /* entries filled */
     unsigned next;                  /* the next to replace once all are filled */
+    uint64_t hits;                  /* rows stored from here (kvl_model_sink_hits) */
     int32_t tok[16];
     const kvl_backend_t *be[16];
     float *kv[16];                  /* [n_layer][K row, V row] post-RoPE, n_kv_head·head_dim each */

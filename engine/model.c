@@ -190,6 +190,13 @@ const struct kvl_model_hparams *kvl_model_hparams(const kvl_model_t *m) { return
 const kvl_gguf_t *kvl_model_gguf(const kvl_model_t *m) { return m->gguf; }
 const struct kvl_rope *kvl_model_rope(const kvl_model_t *m) { return &m->rope; }
 
+uint64_t kvl_model_sink_hits(const kvl_model_t *m) {
+  pthread_mutex_lock((pthread_mutex_t *)&m->sinks.mu);
+  uint64_t n = m->sinks.hits;
+  pthread_mutex_unlock((pthread_mutex_t *)&m->sinks.mu);
+  return n;
+}
+
 struct kvl_kv_layout kvl_model_kv_layout(const kvl_model_t *m, enum kvl_kv_dtype dtype) {
   return (struct kvl_kv_layout){m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim, dtype};
 }

@@ -34,15 +34,18 @@ static void matmul_rows(kvl_backend_t *be, kvl_backend_t *sb, const bool *sink, 
   }
 }
 
-/* The sink rows of token tok computed on sb: copied into out (rows_len floats) when out is
- * not NULL; whether they are known. */
+/* The sink rows of token tok computed on sb: copied into out (rows_len floats, counted as a
+ * hit) when out is not NULL; whether they are known. */
 static bool sink_find(kvl_model_t *m, const kvl_backend_t *sb, int32_t tok, float *out, size_t rows_len) {
   bool found = false;
   pthread_mutex_lock(&m->sinks.mu);
   for (int i = 0; i < m->sinks.n && !found; i++)
     if (m->sinks.tok[i] == tok && m->sinks.be[i] == sb) {
       found = true;
-      if (out) memcpy(out, m->sinks.kv[i], rows_len * sizeof(float));
+      if (out) {
+        memcpy(out, m->sinks.kv[i], rows_len * sizeof(float));
+        m->sinks.hits++;
+      }
     }
   pthread_mutex_unlock(&m->sinks.mu);
   return found;

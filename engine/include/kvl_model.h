@@ -64,6 +64,9 @@ const struct kvl_model_hparams *kvl_model_hparams(const kvl_model_t *m);
 const kvl_gguf_t *kvl_model_gguf(const kvl_model_t *m);
 /* The geometry of this model's KV pool in the given storage type. */
 struct kvl_kv_layout kvl_model_kv_layout(const kvl_model_t *m, enum kvl_kv_dtype dtype);
+/* Attention-sink rows (position 0) stored from memory instead of computed, since load:
+ * position 0 attends only to itself, so the forward remembers its K/V per first token. */
+uint64_t kvl_model_sink_hits(const kvl_model_t *m);
 /* The model's RoPE (theta, head dim): the same generator the forward uses. */
 const struct kvl_rope *kvl_model_rope(const kvl_model_t *m);
 

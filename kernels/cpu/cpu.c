@@ -43,15 +43,25 @@ static bool qdot_type(uint32_t t) {
 
 /* Small batches on quantised weights: activations to int8 once, then one pass over the
  * weight rows with VNNI dot products. */
+/* The activations of n_tokens rows of K to int8 per 32 (codes, scales, sums of 16: the
+ * layout kvl__q8_act documents), in three new arrays the caller frees. */
+static void q8_acts(const float *x, int64_t K, int n_tokens, int8_t **xq, float **xd, int32_t **xs) {
+  *xq = malloc((size_t)n_tokens * (size_t)K);
+  *xd = malloc((size_t)n_tokens * (size_t)(K / 32) * sizeof(float));
+  *xs = malloc((size_t)n_tokens * (size_t)(K / 16) * sizeof(int32_t));
+  KVL_ASSERT(*xq && *xd && *xs);
+#pragma omp parallel for schedule(static) if (n_tokens > 16)
+  for (int t = 0; t < n_tokens; t++)
+    kvl__q8_act(x + (int64_t)t * K, K, *xq + (int64_t)t * K, *xd + (int64_t)t * (K / 32), *xs + (int64_t)t * (K / 16));
+}
+
 static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
   const int64_t K = w->cols, N = w->rows;
   const size_t rb = kvl_row_size(w->type, (uint64_t)K);
-  int8_t *xq = malloc((size_t)n_tokens * (size_t)K);
-  float *xd = malloc((size_t)n_tokens * (size_t)(K / 32) * sizeof(float));
-  int32_t *xs = malloc((size_t)n_tokens * (size_t)(K / 16) * sizeof(int32_t));
-  KVL_ASSERT(xq && xd && xs);
-  for (int t = 0; t < n_tokens; t++)
-    kvl__q8_act(x + (int64_t)t * K, K, xq + (int64_t)t * K, xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16));
+  int8_t *xq;
+  float *xd;
+  int32_t *xs;
+  q8_acts(x, K, n_tokens, &xq, &xd, &xs);
   /* several tokens: the per-token scales as vectors, prepared once (kvl__qdot_vec_*) */
   float *sx = NULL, *cx = NULL;
   if (n_tokens >= 2 && be->qdot_vec && K % 64 == 0 && vec_decode_enabled()) {
@@ -131,13 +141,10 @@ static void blas_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
 static int amx_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
   const int64_t K = w->cols, N = w->rows;
   if (K % 64) return KVL_EINVAL;
-  int8_t *xq = malloc((size_t)n_tokens * (size_t)K);
-  float *xd = malloc((size_t)n_tokens * (size_t)(K / 32) * sizeof(float));
-  int32_t *xs = malloc((size_t)n_tokens * (size_t)(K / 16) * sizeof(int32_t));
-  KVL_ASSERT(xq && xd && xs);
-#pragma omp parallel for schedule(static) if (n_tokens > 16)
-  for (int t = 0; t < n_tokens; t++)
-    kvl__q8_act(x + (int64_t)t * K, K, xq + (int64_t)t * K, xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16));
+  int8_t *xq;
+  float *xd;
+  int32_t *xs;
+  q8_acts(x, K, n_tokens, &xq, &xd, &xs);
   int rc = be->qmatmul(w->type, w->data, kvl_row_size(w->type, (uint64_t)K), N, K, xq, xd, xs, n_tokens, w->bias, y);
   free(xq);
   free(xd);

@@ -25,7 +25,6 @@
  * (cpuid, and the kernel's permission for the tile state: arch_prctl). */
 #include <immintrin.h>
 #include <stdbool.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -223,6 +223,7 @@ static void test_sink_rows(void) {
       CHECK_EQ_INT(kvl_model_forward(m, kvl_backend_cpu(), &b0, &kv, NULL, NULL), 0);
       CHECK_EQ_INT(kvl_model_forward(m, kvl_backend_cpu(), &b1, &kv, lg[run], NULL), 0);
     }
+    CHECK_EQ_INT((int)kvl_model_sink_hits(m), run); /* run 0 computed it, 1 and 2 stored it */
   }
   CHECK(memcmp(pools[0], pools[1], pool_len) == 0 && memcmp(pools[0], pools[2], pool_len) == 0);
   CHECK(memcmp(lg[0], lg[1], sizeof(lg[0])) == 0 && memcmp(lg[0], lg[2], sizeof(lg[0])) == 0);
