@@ -6,6 +6,7 @@
  * string values) are copied NUL-terminated into one arena; big string arrays (the
  * vocabulary) stay in the mapping and are reached through an offset table.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <string.h>
@@ -34,7 +35,8 @@ struct kv {
 struct kvl_gguf {
   const uint8_t *base;    /* the file's bytes */
   size_t size;
-  bool mapped;            /* base came from mmap (unmap at free) */
+  bool mapped;            /* base came from mmap (unmap map_size bytes at free) */
+  size_t map_size;
   uint32_t version;
   uint32_t alignment;
   size_t data_off;        /* start of the tensor data section */
@@ -341,7 +343,38 @@ int kvl_gguf_open_mem(const void *buf, size_t len, kvl_gguf_t **out, char *err, 
   return open_common(g, out, err, errlen);
 }
 
-int kvl_gguf_open(const char *path, kvl_gguf_t **out, char *err, size_t errlen) {
+/* The file's bytes in private anonymous memory that the kernel may back with 2 MiB pages
+ * (transparent huge pages in "madvise" or "always" mode; with "never" these are plain
+ * pages). NULL with errno set on failure. */
+static void *read_hugepages(int fd, size_t size, size_t *map_size) {
+  const size_t huge = (size_t)2 << 20;
+  size_t sz = (size + huge - 1) & ~(huge - 1);
+  /* over-allocate by one huge page so the start can be aligned to one */
+  uint8_t *raw = mmap(NULL, sz + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return NULL;
+  uint8_t *m = (uint8_t *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
+  if (m > raw) munmap(raw, (size_t)(m - raw));
+  if (m + sz < raw + sz + huge) munmap(m + sz, (size_t)(raw + sz + huge - (m + sz)));
+#ifdef MADV_HUGEPAGE
+  madvise(m, sz, MADV_HUGEPAGE); /* advice: refused where THP is off, which is fine */
+#endif
+  for (size_t off = 0; off < size;) {
+    ssize_t r = pread(fd, m + off, size - off, (off_t)off);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      int e = r < 0 ? errno : EIO;
+      munmap(m, sz);
+      errno = e;
+      return NULL;
+    }
+    off += (size_t)r;
+  }
+  mprotect(m, sz, PROT_READ);
+  *map_size = sz;
+  return m;
+}
+
+int kvl_gguf_open_with(const char *path, enum kvl_gguf_load how, kvl_gguf_t **out, char *err, size_t errlen) {
   KVL_ASSERT(path != NULL && out != NULL);
   *out = NULL;
   if (err && errlen) err[0] = '\0';
@@ -361,12 +394,19 @@ int kvl_gguf_open(const char *path, kvl_gguf_t **out, char *err, size_t errlen) 
   if (!g) { close(fd); return KVL_ENOMEM; }
   g->size = (size_t)st.st_size;
   if (g->size > 0) {
-    void *m = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
+    void *m;
+    if (how == KVL_GGUF_HUGEPAGES) {
+      m = read_hugepages(fd, g->size, &g->map_size);
+    } else {
+      m = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
+      g->map_size = g->size;
+    }
+    if (m == NULL || m == MAP_FAILED) {
       int e = -errno;
       close(fd);
       free(g);
-      if (err && errlen) snprintf(err, errlen, "cannot map '%s': %s", path, strerror(-e));
+      if (err && errlen)
+        snprintf(err, errlen, "cannot %s '%s': %s", how == KVL_GGUF_HUGEPAGES ? "read" : "map", path, strerror(-e));
       return e;
     }
     g->base = m;
@@ -378,6 +418,10 @@ int kvl_gguf_open(const char *path, kvl_gguf_t **out, char *err, size_t errlen) 
   return open_common(g, out, err, errlen);
 }
 
+int kvl_gguf_open(const char *path, kvl_gguf_t **out, char *err, size_t errlen) {
+  return kvl_gguf_open_with(path, KVL_GGUF_MMAP, out, err, errlen);
+}
+
 void kvl_gguf_free(kvl_gguf_t *g) {
   if (!g) return;
   if (g->kv)
@@ -387,7 +431,7 @@ void kvl_gguf_free(kvl_gguf_t *g) {
   free(g->arena);
   free(g->kv_idx);
   free(g->t_idx);
-  if (g->mapped) munmap((void *)g->base, g->size);
+  if (g->mapped) munmap((void *)g->base, g->map_size);
   free(g);
 }
 

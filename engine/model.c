@@ -165,7 +165,9 @@ int kvl_model_from_gguf(kvl_gguf_t *g, const char *name, kvl_model_t **out, char
 int kvl_model_open(const char *path, kvl_model_t **out, char *err, size_t errlen) {
   kvl_gguf_t *g;
   char e[256];
-  int rc = kvl_gguf_open(path, &g, e, sizeof(e));
+  const char *how = getenv("KVL_WEIGHTS");
+  int rc = kvl_gguf_open_with(path, how && !strcmp(how, "mmap") ? KVL_GGUF_MMAP : KVL_GGUF_HUGEPAGES, &g, e,
+                              sizeof(e));
   if (rc < 0) return kvl_errf(err, errlen, rc, "%s", e);
   rc = kvl_model_from_gguf(g, path, out, e, sizeof(e));
   if (rc < 0) {

@@ -39,6 +39,12 @@ int kvl__dequant_avx512(uint32_t type, const void *src, float *dst, int64_t n);
 void kvl__q8_act(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
 int kvl__qdot_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd,
                          const int32_t *xs, int n_tokens, float *out);
+/* One token, with its codes also in pair order (kvl__q8_pairs: in every 128 codes the
+ * second and third 32 swap places), which lets the Q4_K kernel unpack two 64-element
+ * units with one 512-bit load; the other formats read xq. */
+void kvl__q8_pairs(const int8_t *xq, int64_t K, int8_t *xp);
+int kvl__qdot1_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp,
+                          const float *xd, const int32_t *xs, float *out);
 /* The same for 2..16 tokens with the per-token scales prepared as vectors (K % 64 == 0):
  * sx, cx hold K/4 floats per token (kvl__q8_act_vec from one token's d and s16). */
 void kvl__q8_act_vec(const float *xd, const int32_t *s16, int64_t K, float *sx, float *cx);
@@ -70,6 +76,8 @@ struct kvl_backend {
   /* CPU backend: int8-activation decode kernels (NULL where the level has none) */
   int (*qdot)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd, const int32_t *xs,
               int n_tokens, float *out);
+  int (*qdot1)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp, const float *xd,
+               const int32_t *xs, float *out);
   int (*qdot_vec)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *sx, const float *cx,
                   int n_tokens, float *out);
   int bf16_min_t; /* CPU backend: products of at least this many tokens in bf16 (0: never) */

@@ -66,6 +66,14 @@ typedef struct kvl_gguf kvl_gguf_t;
  * message naming the problem into err (when errlen > 0); *out is then NULL. */
 int kvl_gguf_open(const char *path, kvl_gguf_t **out, char *err, size_t errlen);
 
+/* Where the file's bytes live. MMAP: mapped from the page cache (4 KiB pages, shared
+ * with other processes reading the file, nothing read up front). HUGEPAGES: read once into
+ * private memory the kernel backs with 2 MiB pages where transparent huge pages allow it:
+ * decode streams every weight once per token, and 4 KiB pages cost it TLB misses (about
+ * 12% of tg128 on the 1.5B; docs/architecture.md). */
+enum kvl_gguf_load { KVL_GGUF_MMAP, KVL_GGUF_HUGEPAGES };
+int kvl_gguf_open_with(const char *path, enum kvl_gguf_load how, kvl_gguf_t **out, char *err, size_t errlen);
+
 /* Validate a buffer already in memory; buf must outlive the handle (not copied). */
 int kvl_gguf_open_mem(const void *buf, size_t len, kvl_gguf_t **out, char *err, size_t errlen);
 

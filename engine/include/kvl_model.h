@@ -50,7 +50,9 @@ struct kvl_model_hparams {
 };
 
 /* Open a GGUF file and check it is a model we can run: architecture, every tensor
- * present with its shape and a dequantisable type. Errors name what is wrong. */
+ * present with its shape and a dequantisable type. Errors name what is wrong. The weights
+ * are read into 2 MiB pages (KVL_GGUF_HUGEPAGES); KVL_WEIGHTS=mmap maps the file instead
+ * (shared page cache, nothing read up front). */
 int kvl_model_open(const char *path, kvl_model_t **out, char *err, size_t errlen);
 /* The same from an opened GGUF; on success the model owns g (freed with the model). */
 int kvl_model_from_gguf(kvl_gguf_t *g, const char *name, kvl_model_t **out, char *err, size_t errlen);

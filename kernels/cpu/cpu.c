@@ -62,6 +62,13 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
   float *xd;
   int32_t *xs;
   q8_acts(x, K, n_tokens, &xq, &xd, &xs);
+  /* one token: its codes in pair order too (kvl__qdot1_*) */
+  int8_t *xp = NULL;
+  if (n_tokens == 1 && be->qdot1) {
+    xp = malloc((size_t)K);
+    KVL_ASSERT(xp);
+    kvl__q8_pairs(xq, K, xp);
+  }
   /* several tokens: the per-token scales as vectors, prepared once (kvl__qdot_vec_*) */
   float *sx = NULL, *cx = NULL;
   if (n_tokens >= 2 && be->qdot_vec && K % 64 == 0 && vec_decode_enabled()) {
@@ -76,10 +83,12 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
   for (int64_t r = 0; r < N; r++) {
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
     float v[KVL__QDOT_MAX_T];
-    if (sx) be->qdot_vec(w->type, row, K, xq, sx, cx, n_tokens, v);
+    if (xp) be->qdot1(w->type, row, K, xq, xp, xd, xs, v);
+    else if (sx) be->qdot_vec(w->type, row, K, xq, sx, cx, n_tokens, v);
     else be->qdot(w->type, row, K, xq, xd, xs, n_tokens, v);
     for (int t = 0; t < n_tokens; t++) y[(int64_t)t * N + r] = v[t] + (w->bias ? w->bias[r] : 0.0f);
   }
+  free(xp);
   free(sx);
   free(cx);
   free(xq);
@@ -340,26 +349,27 @@ static const struct kvl_backend_ops cpu_ops = {
   .attention = cpu_attention,
 };
 
-static kvl_backend_t be_scalar = {"cpu-scalar", &cpu_ops, &kvl__simd_scalar, NULL, NULL, 0, NULL, 0};
-static kvl_backend_t be_avx2 = {"cpu-avx2", &cpu_ops, &kvl__simd_avx2, NULL, NULL, 0, NULL, 0};
-static kvl_backend_t be_avx512 = {"cpu-avx512", &cpu_ops, &kvl__simd_avx512, NULL, NULL, 0, NULL, 0};
-static kvl_backend_t be_avx512vnni = {"cpu-avx512-vnni", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni,
-                                      kvl__qdot_vec_avx512vnni, 0, NULL, 0};
+static kvl_backend_t be_scalar = {.name = "cpu-scalar", .ops = &cpu_ops, .simd = &kvl__simd_scalar};
+static kvl_backend_t be_avx2 = {.name = "cpu-avx2", .ops = &cpu_ops, .simd = &kvl__simd_avx2};
+static kvl_backend_t be_avx512 = {.name = "cpu-avx512", .ops = &cpu_ops, .simd = &kvl__simd_avx512};
+#define VNNI_DECODE .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni, .qdot_vec = kvl__qdot_vec_avx512vnni
+static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE};
 /* AMX int8 tiles for decode batches of 4 or more tokens on the four int8 formats (the
  * VNNI kernels below that: a tile product costs the same for 1 and 16 tokens, and at 4
  * both cost the same); its exact twin (prefill chunks; the attention sink's rows go to
  * fp32) takes the tiles for every size, so a prompt's cache does not depend on its
  * chunking. */
-static kvl_backend_t be_amx = {"cpu-amx-int8", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni,
-                               kvl__qdot_vec_avx512vnni, 0, kvl__qmatmul_amx, 4};
-static kvl_backend_t be_amx_exact = {"cpu-amx-int8-prefill", &cpu_ops, &kvl__simd_avx512, NULL, NULL, 0,
-                                     kvl__qmatmul_amx, 1};
+static kvl_backend_t be_amx = {.name = "cpu-amx-int8", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE,
+                               .qmatmul = kvl__qmatmul_amx, .amx_min_t = 4};
+static kvl_backend_t be_amx_exact = {.name = "cpu-amx-int8-prefill", .ops = &cpu_ops, .simd = &kvl__simd_avx512,
+                                     .qmatmul = kvl__qmatmul_amx, .amx_min_t = 1};
 /* bf16 GEMMs (oneDNN, AMX where present) for every product above the int8 decode sizes;
  * its exact twin (prefill chunks, the attention sink) takes bf16 for every size, so a
  * prompt's cache does not depend on how its prefill was chunked. */
-static kvl_backend_t be_avx512bf16 = {"cpu-avx512-bf16", &cpu_ops, &kvl__simd_avx512, kvl__qdot_avx512vnni,
-                                      kvl__qdot_vec_avx512vnni, KVL__QDOT_USE_T + 1, NULL, 0};
-static kvl_backend_t be_avx512bf16_exact = {"cpu-avx512-bf16-prefill", &cpu_ops, &kvl__simd_avx512, NULL, NULL, 1, NULL, 0};
+static kvl_backend_t be_avx512bf16 = {.name = "cpu-avx512-bf16", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE,
+                                      .bf16_min_t = KVL__QDOT_USE_T + 1};
+static kvl_backend_t be_avx512bf16_exact = {.name = "cpu-avx512-bf16-prefill", .ops = &cpu_ops,
+                                            .simd = &kvl__simd_avx512, .bf16_min_t = 1};
 
 kvl_backend_t *kvl_backend_cpu_level(const char *level) {
   __builtin_cpu_init();
@@ -438,6 +448,6 @@ static void ref_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
 
 static const struct kvl_backend_ops ref_ops = {ref_supports, ref_matmul, ref_rmsnorm, ref_rope,
                                                ref_swiglu, ref_embed, ref_attention};
-static kvl_backend_t be_ref = {"ref", &ref_ops, &kvl__simd_scalar, NULL, NULL, 0, NULL, 0};
+static kvl_backend_t be_ref = {.name = "ref", .ops = &ref_ops, .simd = &kvl__simd_scalar};
 
 kvl_backend_t *kvl_backend_ref(void) { return &be_ref; }

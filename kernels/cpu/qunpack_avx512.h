@@ -63,21 +63,21 @@ static inline void kvl__q4_k_scale_min(int j, const uint8_t *q, int *sc, int *m)
   }
 }
 
-/* Q6_K: half n (elements 128n..128n+127) of a block as two units of 64 codes 0..63. */
+/* Q6_K: half n (elements 128n..128n+127) of a block as two units of 64 codes 0..63.
+ * The 64 low-nibble bytes of the half are one 512-bit load: their low nibbles are
+ * elements 0..63 of the half and their high nibbles 64..127, in order. The two high bits
+ * of element i sit in qh byte i % 32 at bit 2 * (i / 32): shifted by 4, 2, 0 and -2 bits
+ * (a per-lane 16-bit shift of qh broadcast to both halves) they land on bits 4-5, and
+ * one select (vpternlog) puts them under the nibble. */
 static inline void kvl__q6_k_half(const uint8_t *w, int n, __m512i u[2]) {
-  const __m256i lo4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
-  const uint8_t *ql = w + 64 * n, *qh = w + 128 + 32 * n;
-  __m256i av = _mm256_loadu_si256((const __m256i *)ql), c = _mm256_loadu_si256((const __m256i *)(ql + 32));
-  __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-  __m256i q1 = _mm256_or_si256(_mm256_and_si256(av, lo4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
-  __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, lo4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4));
-  __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(av, 4), lo4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4));
-  __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), lo4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
-  u[0] = _mm512_inserti64x4(_mm512_castsi256_si512(q1), q2, 1);
-  u[1] = _mm512_inserti64x4(_mm512_castsi256_si512(q3), q4, 1);
+  const __m512i lo4 = _mm512_set1_epi8(0x0f), six = _mm512_set1_epi8(0x3f);
+  const __m512i sl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i sr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  __m512i ql = _mm512_loadu_si512(w + 64 * n);
+  __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 128 + 32 * n)));
+  /* 0xca = lo4 ? a : b: nibble from a, bits 4-7 from b; then keep 6 bits */
+  u[0] = _mm512_and_si512(_mm512_ternarylogic_epi32(lo4, ql, _mm512_sllv_epi16(h, sl), 0xca), six);
+  u[1] = _mm512_and_si512(_mm512_ternarylogic_epi32(lo4, _mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(h, sr), 0xca), six);
 }
 
 #endif

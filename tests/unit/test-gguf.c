@@ -1,6 +1,7 @@
 /* test-gguf.c — GGUF writer/reader round trip, and every kind of bad file refused by
  * name (truncation at every byte, hostile counts, sizes, types and offsets). */
 #include <stdint.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "../kvl_test.h"
@@ -183,11 +184,22 @@ static void test_file_io(void) {
   char err[256];
   kvl_gguf_t *g;
   CHECK_EQ_INT(kvl_gguf_open(path, &g, err, sizeof(err)), 0);
-  if (g) {
+  kvl_gguf_t *h = NULL;
+  /* read into 2 MiB pages: the same tensors, the same bytes, at a huge-page-aligned base */
+  CHECK_EQ_INT(kvl_gguf_open_with(path, KVL_GGUF_HUGEPAGES, &h, err, sizeof(err)), 0);
+  if (g && h) {
     CHECK_EQ_INT(kvl_gguf_n_tensors(g), 3);
-    kvl_gguf_free(g);
+    CHECK_EQ_INT(kvl_gguf_n_tensors(h), 3);
+    for (int64_t i = 0; i < 3; i++) {
+      const struct kvl_gguf_tensor *a = kvl_gguf_tensor(g, i), *b = kvl_gguf_tensor(h, i);
+      CHECK(a->nbytes == b->nbytes && !memcmp(a->data, b->data, a->nbytes));
+      CHECK((uintptr_t)b->data % 32 == 0);
+    }
   }
+  kvl_gguf_free(g);
+  kvl_gguf_free(h);
   unlink(path);
+  CHECK_EQ_INT(kvl_gguf_open_with(path, KVL_GGUF_HUGEPAGES, &g, err, sizeof(err)), KVL_ENOENT);
   CHECK_EQ_INT(kvl_gguf_open(path, &g, err, sizeof(err)), KVL_ENOENT);
   CHECK_STR_CONTAINS(err, "cannot open");
   CHECK_EQ_INT(kvl_gguf_open("/tmp", &g, err, sizeof(err)), KVL_EINVAL);
