@@ -39,10 +39,11 @@ int kvl__dequant_avx512(uint32_t type, const void *src, float *dst, int64_t n);
 void kvl__q8_act(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
 int kvl__qdot_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd,
                          const int32_t *xs, int n_tokens, float *out);
-/* One token, with its codes also in pair order (kvl__q8_pairs: in every 128 codes the
- * second and third 32 swap places), which lets the Q4_K kernel unpack two 64-element
- * units with one 512-bit load; the other formats read xq. */
-void kvl__q8_pairs(const int8_t *xq, int64_t K, int8_t *xp);
+/* One token, with its codes also in the order the format's kernel reads them
+ * (kvl__q8_order: 16-byte chunks of every 128 codes permuted; false, xp untouched, for a
+ * format that reads xq): Q4_K unpacks two 64-element units and Q5_0 four blocks with one
+ * 512-bit load each; the other formats read xq. */
+bool kvl__q8_order(uint32_t type, const int8_t *xq, int64_t K, int8_t *xp);
 int kvl__qdot1_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp,
                           const float *xd, const int32_t *xs, float *out);
 /* The same for 2..16 tokens with the per-token scales prepared as vectors (K % 64 == 0):

@@ -62,12 +62,12 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
   float *xd;
   int32_t *xs;
   q8_acts(x, K, n_tokens, &xq, &xd, &xs);
-  /* one token: its codes in pair order too (kvl__qdot1_*) */
+  /* one token: its codes also in the order the format's kernel reads them (kvl__qdot1_*) */
   int8_t *xp = NULL;
   if (n_tokens == 1 && be->qdot1) {
     xp = malloc((size_t)K);
     KVL_ASSERT(xp);
-    kvl__q8_pairs(xq, K, xp);
+    kvl__q8_order(w->type, xq, K, xp);
   }
   /* several tokens: the per-token scales as vectors, prepared once (kvl__qdot_vec_*) */
   float *sx = NULL, *cx = NULL;
