@@ -26,9 +26,11 @@ struct kvl__simd {
   void (*scale)(float a, float *y, int64_t n);                /* y *= a */
   /* dequantise n elements of a row (bit-identical to kvl_dequant_row_ref) */
   int (*dequant)(uint32_t type, const void *src, float *dst, int64_t n);
+  void (*swiglu)(const float *g, const float *u, float *y, int64_t n); /* y = silu(g) * u */
 };
 
 int kvl__dequant_avx512(uint32_t type, const void *src, float *dst, int64_t n);
+void kvl__swiglu_scalar(const float *g, const float *u, float *y, int64_t n);
 
 /* Decode path with int8 activations (cpu/qdot_avx512.c, AVX-512 VNNI): quantise one row
  * of K activations per 32 (q, scales d[K/32], sums of 16 s16[K/16]); dot one weight row
@@ -58,6 +60,11 @@ int kvl__qdot_vec_avx512vnni(uint32_t type, const void *w, int64_t K, const int8
 bool kvl__amx_usable(void);
 int kvl__qmatmul_amx(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                      const float *xd, const int32_t *xs, int n_tokens, const float *bias, float *y);
+
+/* Attention tiled over query rows and KV blocks (cpu/attn_avx512.c, AVX-512F/BW/VL):
+ * whether it takes these arguments (head_dim a multiple of 16, at most 256), and the op. */
+bool kvl__attention_avx512_fits(const struct kvl_attn_args *a);
+void kvl__attention_avx512(const struct kvl_attn_args *a);
 
 extern const struct kvl__simd kvl__simd_scalar;
 extern const struct kvl__simd kvl__simd_avx2;

@@ -254,9 +254,10 @@ static void cpu_rope(kvl_backend_t *be, const struct kvl_rope *r, float *x, cons
 }
 
 static void cpu_swiglu(kvl_backend_t *be, const float *g, const float *u, float *y, int64_t n) {
-  (void)be;
+  const struct kvl__simd *s = S(be);
+  const int64_t chunk = 4096;
 #pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+  for (int64_t i = 0; i < n; i += chunk) s->swiglu(g + i, u + i, y + i, n - i < chunk ? n - i : chunk);
 }
 
 static void cpu_embed(kvl_backend_t *be, const struct kvl_weight *table, const int32_t *ids, float *y, int n_tokens) {
@@ -268,6 +269,10 @@ static void cpu_embed(kvl_backend_t *be, const struct kvl_weight *table, const i
  * block by block; nothing of size positions x positions is materialised. */
 static void cpu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   const struct kvl__simd *s = S(be);
+  if (s == &kvl__simd_avx512 && kvl__attention_avx512_fits(a)) {
+    kvl__attention_avx512(a);
+    return;
+  }
   const struct kvl_kv_layout *l = a->kv;
   const int d = l->head_dim, kvw = l->n_kv_head * d, group = a->n_head / l->n_kv_head;
   const int n_items = a->n_tokens * l->n_kv_head;

@@ -81,4 +81,4 @@ static void scale(float a, float *y, int64_t n) {
   for (; i < n; i++) y[i] *= a;
 }
 
-const struct kvl__simd kvl__simd_avx2 = {"avx2", dot, gemm_tile, axpy, scale, kvl_dequant_row_ref};
+const struct kvl__simd kvl__simd_avx2 = {"avx2", dot, gemm_tile, axpy, scale, kvl_dequant_row_ref, kvl__swiglu_scalar};

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include "../backend-impl.h"
+#include "vmath_avx512.h"
 
 static inline __mmask16 tail_mask(int64_t left) { return (__mmask16)((1u << left) - 1u); }
 
@@ -78,4 +79,17 @@ static void scale(float a, float *y, int64_t n) {
   }
 }
 
-const struct kvl__simd kvl__simd_avx512 = {"avx512", dot, gemm_tile, axpy, scale, kvl__dequant_avx512};
+/* silu(g) * u = g / (1 + e^-g) * u, with the vector exp */
+static void swiglu(const float *g, const float *u, float *y, int64_t n) {
+  int64_t i = 0;
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (; i < n; i += 16) {
+    __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+    __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+    __m512 e = kvl__exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+    __m512 r = _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(m, u + i));
+    _mm512_mask_storeu_ps(y + i, m, r);
+  }
+}
+
+const struct kvl__simd kvl__simd_avx512 = {"avx512", dot, gemm_tile, axpy, scale, kvl__dequant_avx512, swiglu};

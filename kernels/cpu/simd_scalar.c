@@ -1,5 +1,7 @@
 /* simd_scalar.c — the portable level: plain C the compiler may vectorise for the
  * baseline ISA. Used on processors without AVX2 and as a forced path in tests. */
+#include <math.h>
+
 #include "../backend-impl.h"
 
 static float dot(const float *a, const float *b, int64_t n) {
@@ -28,4 +30,8 @@ static void scale(float a, float *y, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] *= a;
 }
 
-const struct kvl__simd kvl__simd_scalar = {"scalar", dot, gemm_tile, axpy, scale, kvl_dequant_row_ref};
+void kvl__swiglu_scalar(const float *g, const float *u, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+const struct kvl__simd kvl__simd_scalar = {"scalar", dot, gemm_tile, axpy, scale, kvl_dequant_row_ref, kvl__swiglu_scalar};

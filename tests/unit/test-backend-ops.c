@@ -252,6 +252,15 @@ static void test_attention(kvl_backend_t *be) {
       snprintf(desc, sizeof(desc), "heads=%d/%d d=%d kv=%s T=%d", geo[gi].n_head, l.n_kv_head, l.head_dim,
                dt ? "bf16" : "f32", T);
       report(kvl_backend_name(be), "attention", desc, nmse(o, orf, (size_t)T * qw), 1e-10);
+      /* a token's output does not depend on its batch: each one alone, bit for bit */
+      bool same = true;
+      for (int t = 0; t < T; t++) {
+        struct kvl_attn_args one = {1, q + (size_t)t * qw, orf, pos + t, sq + t, bts, geo[gi].n_head, 1, &l, pool, a.scale};
+        kvl_attention(be, &one);
+        same = same && !memcmp(orf, o + (size_t)t * qw, (size_t)qw * 4);
+      }
+      if (!same) printf("FAIL %s attention %s: a token alone differs from the batch\n", kvl_backend_name(be), desc);
+      CHECK(same);
       free(pool); free(k); free(v); free(q); free(o); free(orf);
     }
 }

@@ -1,0 +1,177 @@
+/* attn_avx512.c — attention over the paged KV cache with AVX-512, tiled like flash
+ * attention: no score matrix is materialised, and each KV block is read (and widened
+ * from bf16) once for a tile of query rows instead of once per query row.
+ *
+ * A tile is up to TQ consecutive tokens of one sequence (a prefill chunk; a decode token
+ * is a tile of one) times the `group` query heads that share one KV head: R rows. For
+ * every block of KVL_KV_BLOCK (16) keys the tile reads, and for every row that sees at
+ * least one of them (causal: key position <= the row's position):
+ *
+ *   scores   16 partial-sum vectors, one per key (d/16 FMAs each), summed across lanes
+ *            in one transpose-and-add tree (hsum16): a vector of the block's 16 scores;
+ *   softmax  online, per row: the running max m, the running sum l, and the rescale of
+ *            the output accumulator by exp(m_old - m_new), with a vector exp (kvl__exp512);
+ *   values   acc += p_j * v_j over the visible keys, d/16 FMAs per key.
+ *
+ * Every row's arithmetic is the same whatever else is in its tile (masked keys add exact
+ * zeros), so a token's output does not depend on how its prompt was chunked. Compiled
+ * with -mavx512f -mavx512bw -mavx512vl; called only when the processor has them. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend-impl.h"
+#include "kvl_error.h"
+#include "vmath_avx512.h"
+
+enum { TQ = 16 }; /* tokens per tile */
+
+/* lane j of the result = the sum of the 16 lanes of v[j]: halve the vectors four times,
+ * each time adding the two halves of a pair side by side (128-bit chunks, then within
+ * chunks), which leaves key c + 4m in lane 4c + m; one permute puts them in order */
+static inline __m512 hsum16(const __m512 v[16]) {
+  __m512 w[8], x[4], y[2];
+  for (int k = 0; k < 8; k++)
+    w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xee));
+  for (int k = 0; k < 4; k++)
+    x[k] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0xdd));
+  for (int k = 0; k < 2; k++)
+    y[k] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * k], x[2 * k + 1], 0x44),
+                         _mm512_shuffle_ps(x[2 * k], x[2 * k + 1], 0xee));
+  __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, z);
+}
+
+/* the 16 scores of one query row against a block (rows of kb past the block are zero) */
+static inline __m512 scores16(const float *q, const float *kb, int d) {
+  __m512 s[16];
+  for (int j = 0; j < 16; j++) s[j] = _mm512_setzero_ps();
+  for (int c = 0; c < d; c += 16) {
+    __m512 qc = _mm512_loadu_ps(q + c);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) s[j] = _mm512_fmadd_ps(_mm512_load_ps(kb + j * d + c), qc, s[j]);
+  }
+  return hsum16(s);
+}
+
+/* acc (d floats) = acc * corr + sum over the first nv keys of p[j] * vb[j]; ND = d / 16
+ * accumulators in registers when the width is one of the specialised ones */
+static inline __attribute__((always_inline)) void pv_n(float *acc, float corr, const float *p, const float *vb, int nv,
+                                                      const int ND) {
+  __m512 a[16];
+  const __m512 cr = _mm512_set1_ps(corr);
+  for (int c = 0; c < ND; c++) a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), cr);
+  for (int j = 0; j < nv; j++) {
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    for (int c = 0; c < ND; c++) a[c] = _mm512_fmadd_ps(pj, _mm512_load_ps(vb + j * 16 * ND + 16 * c), a[c]);
+  }
+  for (int c = 0; c < ND; c++) _mm512_storeu_ps(acc + 16 * c, a[c]);
+}
+
+static void pv(float *acc, float corr, const float *p, const float *vb, int nv, int d) {
+  switch (d) {
+  case 64: pv_n(acc, corr, p, vb, nv, 4); return;
+  case 128: pv_n(acc, corr, p, vb, nv, 8); return;
+  case 256: pv_n(acc, corr, p, vb, nv, 16); return;
+  }
+  /* other widths: one 16-lane slice at a time (same arithmetic per lane) */
+  const __m512 cr = _mm512_set1_ps(corr);
+  for (int c = 0; c < d; c += 16) {
+    __m512 a = _mm512_mul_ps(_mm512_loadu_ps(acc + c), cr);
+    for (int j = 0; j < nv; j++) a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_load_ps(vb + j * d + c), a);
+    _mm512_storeu_ps(acc + c, a);
+  }
+}
+
+/* nj rows of one KV head of a block, widened to fp32 (bf16 is the top half of an fp32);
+ * rows nj..15 of kb zero */
+static void widen(const struct kvl_kv_layout *l, const void *src, int kh, int nj, float *dst) {
+  const int d = l->head_dim, kvw = l->n_kv_head * d;
+  for (int j = 0; j < nj; j++) {
+    size_t off = (size_t)j * kvw + (size_t)kh * d;
+    if (l->dtype == KVL_KV_F32) {
+      memcpy(dst + j * d, (const float *)src + off, (size_t)d * 4);
+    } else {
+      const uint16_t *s = (const uint16_t *)src + off;
+      for (int c = 0; c < d; c += 16) {
+        __m512i v = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + c))), 16);
+        _mm512_store_ps(dst + j * d + c, _mm512_castsi512_ps(v));
+      }
+    }
+  }
+}
+
+bool kvl__attention_avx512_fits(const struct kvl_attn_args *a) {
+  const int d = a->kv->head_dim;
+  return d % 16 == 0 && d <= 256 && a->n_head % a->kv->n_kv_head == 0;
+}
+
+void kvl__attention_avx512(const struct kvl_attn_args *a) {
+  const struct kvl_kv_layout *l = a->kv;
+  const int d = l->head_dim, group = a->n_head / l->n_kv_head;
+  /* tiles: runs of consecutive positions of one sequence, at most TQ tokens */
+  int *tile = malloc((size_t)(a->n_tokens + 1) * sizeof(int));
+  KVL_ASSERT(tile);
+  int n_tiles = 0;
+  for (int t = 0; t < a->n_tokens; t++)
+    if (n_tiles == 0 || t - tile[n_tiles - 1] == TQ || a->seq[t] != a->seq[t - 1] || a->pos[t] != a->pos[t - 1] + 1)
+      tile[n_tiles++] = t;
+  tile[n_tiles] = a->n_tokens;
+  const int n_items = n_tiles * l->n_kv_head;
+#pragma omp parallel
+  {
+    float *kb = aligned_alloc(64, (size_t)KVL_KV_BLOCK * d * sizeof(float));
+    float *vb = aligned_alloc(64, (size_t)KVL_KV_BLOCK * d * sizeof(float));
+    float *acc = malloc((size_t)TQ * group * d * sizeof(float));
+    float *m = malloc((size_t)TQ * group * sizeof(float)), *lsum = malloc((size_t)TQ * group * sizeof(float));
+    KVL_ASSERT(kb && vb && acc && m && lsum);
+    /* later tiles see more keys: hand them out first */
+#pragma omp for schedule(dynamic, 1)
+    for (int it = n_items - 1; it >= 0; it--) {
+      const int ti = it / l->n_kv_head, kh = it % l->n_kv_head;
+      const int t0 = tile[ti], tn = tile[ti + 1] - t0, R = tn * group;
+      const int32_t *bt = a->block_tables[a->seq[t0]];
+      const int last = a->pos[t0 + tn - 1];
+      for (int i = 0; i < R; i++) m[i] = -INFINITY, lsum[i] = 0;
+      memset(acc, 0, (size_t)R * d * sizeof(float));
+      for (int j0 = 0; j0 <= last; j0 += KVL_KV_BLOCK) {
+        const int nj = last + 1 - j0 < KVL_KV_BLOCK ? last + 1 - j0 : KVL_KV_BLOCK;
+        widen(l, kvl_kv_k_ptr(l, (void *)a->kv_base, bt[j0 / KVL_KV_BLOCK], a->layer), kh, nj, kb);
+        widen(l, kvl_kv_v_ptr(l, (void *)a->kv_base, bt[j0 / KVL_KV_BLOCK], a->layer), kh, nj, vb);
+        memset(kb + (size_t)nj * d, 0, (size_t)(KVL_KV_BLOCK - nj) * d * sizeof(float));
+        for (int i = 0; i < R; i++) {
+          const int t = t0 + i / group, h = kh * group + i % group;
+          const int nv = a->pos[t] + 1 - j0 < nj ? a->pos[t] + 1 - j0 : nj; /* keys this row sees */
+          if (nv <= 0) continue;
+          const __mmask16 vis = (__mmask16)(0xffffu >> (16 - nv));
+          __m512 s = _mm512_mul_ps(scores16(a->q + ((size_t)t * a->n_head + h) * d, kb, d), _mm512_set1_ps(a->scale));
+          s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), vis, s);
+          const float bm = _mm512_reduce_max_ps(s), nm = bm > m[i] ? bm : m[i];
+          const float corr = expf(m[i] - nm); /* exp(-inf) = 0 on the first block */
+          __m512 p = _mm512_maskz_mov_ps(vis, kvl__exp512(_mm512_sub_ps(s, _mm512_set1_ps(nm))));
+          lsum[i] = lsum[i] * corr + _mm512_reduce_add_ps(p);
+          float pj[16] __attribute__((aligned(64)));
+          _mm512_store_ps(pj, p);
+          pv(acc + (size_t)i * d, corr, pj, vb, nv, d);
+          m[i] = nm;
+        }
+      }
+      for (int i = 0; i < R; i++) {
+        const int t = t0 + i / group, h = kh * group + i % group;
+        float *o = a->out + ((size_t)t * a->n_head + h) * d;
+        const __m512 inv = _mm512_set1_ps(1.0f / lsum[i]);
+        for (int c = 0; c < d; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(acc + (size_t)i * d + c), inv));
+      }
+    }
+    free(kb);
+    free(vb);
+    free(acc);
+    free(m);
+    free(lsum);
+  }
+  free(tile);
+}
