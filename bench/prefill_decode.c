@@ -47,7 +47,9 @@ static const char *const default_models[][2] = {
 struct bench_opts {
   const char *models[MAX_MODELS]; /* model file paths */
   int n_models;
-  int pp;                         /* prefill length N of pp<N>; 0 skips pp */
+  int pp[8];                      /* prefill lengths N of pp<N> */
+  int n_pp;                       /* how many; 0 skips pp */
+  int pp_max;
   int tg;                         /* decode steps N of tg<N>; 0 skips tg */
   int runs;                       /* timed runs per figure */
   enum kvl_kv_dtype kv;           /* KV cache storage */
@@ -125,8 +127,8 @@ static int bench_model(const char *path, const char *name, const struct bench_op
   fprintf(stderr, "bench-prefill-decode: %s (%s, %d layers) on %s, %d threads, kv %s, loaded in %.2f s\n", name,
           path, hp->n_layer, kvl_backend_name(be), threads, kvname, kvl_bench_now() - t0);
 
-  const int n_ctx = o->pp > TG_PROMPT + o->tg ? o->pp : TG_PROMPT + o->tg;
-  const int n_batch = o->pp > TG_PROMPT ? o->pp : TG_PROMPT;
+  const int n_ctx = o->pp_max > TG_PROMPT + o->tg ? o->pp_max : TG_PROMPT + o->tg;
+  const int n_batch = o->pp_max > TG_PROMPT ? o->pp_max : TG_PROMPT;
   if (n_ctx > hp->n_ctx_train) {
     fprintf(stderr, "bench-prefill-decode: %s: %d tokens exceed the model's context of %d\n", name, n_ctx,
             hp->n_ctx_train);
@@ -155,10 +157,11 @@ static int bench_model(const char *path, const char *name, const struct bench_op
 
   /* pp<N>: one forward of N tokens at positions 0..N-1 (overwriting the cache each
    * run), logits for the last. Run -1 is the warm-up. */
-  if (o->pp > 0) {
-    snprintf(test, sizeof(test), "pp%d", o->pp);
-    for (int t = 0; t < o->pp; t++) { pos[t] = t; want[t] = t == o->pp - 1; }
-    struct kvl_batch b = {o->pp, ids, pos, seq, want};
+  for (int pi = 0; pi < o->n_pp; pi++) {
+    const int pp = o->pp[pi];
+    snprintf(test, sizeof(test), "pp%d", pp);
+    for (int t = 0; t < pp; t++) { pos[t] = t; want[t] = t == pp - 1; }
+    struct kvl_batch b = {pp, ids, pos, seq, want};
     for (int r = -1; r < o->runs; r++) {
       double ts = kvl_bench_now();
       if ((rc = kvl_model_forward(m, be, &b, &kv, logits, NULL)) < 0) {
@@ -167,10 +170,10 @@ static int bench_model(const char *path, const char *name, const struct bench_op
       }
       double dt = kvl_bench_now() - ts;
       if (r < 0) {
-        fprintf(stderr, "  %s %s warm-up: %.1f tokens/s (%.3f s)\n", name, test, o->pp / dt, dt);
+        fprintf(stderr, "  %s %s warm-up: %.1f tokens/s (%.3f s)\n", name, test, pp / dt, dt);
         continue;
       }
-      s[r] = o->pp / dt;
+      s[r] = pp / dt;
       fprintf(stderr, "  %s %s run %d/%d: %.1f tokens/s (%.3f s)\n", name, test, r + 1, o->runs, s[r], dt);
     }
     kvl_bench_stats_compute(s, o->runs, &st);
@@ -248,7 +251,8 @@ static void usage(FILE *f) {
     "\n"
     "  -m, --model PATH   a .gguf file (repeatable); default: qwen2.5-coder-0.5b and -1.5b\n"
     "                     (q4_k_m) in $KVLINGO_MODELS (default ~/.cache/kvlingo/models)\n"
-    "  -p, --prefill N    pp<N>: prefill N tokens in one forward (default 512; 0 = skip)\n"
+    "  -p, --prefill N,.. pp<N>: prefill N tokens in one forward, for each N given\n"
+    "                     (default 512; llama-bench's set: -p 64,512,2048; 0 = skip)\n"
     "  -n, --decode N     tg<N>: N decode steps after a %d-token prompt (default 128; 0 = skip)\n"
     "  -r, --runs N       timed runs per figure (default 5)\n"
     "      --kv bf16|f32  KV cache storage (default bf16)\n"
@@ -279,7 +283,7 @@ int main(int argc, char **argv) {
     {"decode", required_argument, 0, 'n'}, {"runs", required_argument, 0, 'r'},
     {"kv", required_argument, 0, O_KV}, {"bw", required_argument, 0, O_BW},
     {"out", required_argument, 0, O_OUT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-  struct bench_opts o = {.pp = 512, .tg = 128, .runs = 5, .kv = KVL_KV_BF16, .out = "bench/results"};
+  struct bench_opts o = {.pp = {512}, .n_pp = 1, .pp_max = 512, .tg = 128, .runs = 5, .kv = KVL_KV_BF16, .out = "bench/results"};
   int c;
   char *end;
   while ((c = getopt_long(argc, argv, "m:p:n:r:h", lopts, NULL)) != -1) {
@@ -288,7 +292,19 @@ int main(int argc, char **argv) {
       if (o.n_models == MAX_MODELS) { fprintf(stderr, "bench-prefill-decode: at most %d models\n", MAX_MODELS); return 2; }
       o.models[o.n_models++] = optarg;
       break;
-    case 'p': o.pp = parse_int(optarg, "-p", 0); break;
+    case 'p': {
+      o.n_pp = 0, o.pp_max = 0;
+      char *list = strdup(optarg);
+      for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int v = parse_int(tok, "-p", 0);
+        if (v == 0) continue;
+        if (o.n_pp == 8) { fprintf(stderr, "bench-prefill-decode: at most 8 prefill lengths\n"); return 2; }
+        o.pp[o.n_pp++] = v;
+        if (v > o.pp_max) o.pp_max = v;
+      }
+      free(list);
+      break;
+    }
     case 'n': o.tg = parse_int(optarg, "-n", 0); break;
     case 'r': o.runs = parse_int(optarg, "-r", 1); break;
     case O_KV:
@@ -306,7 +322,7 @@ int main(int argc, char **argv) {
     }
   }
   if (optind < argc) { fprintf(stderr, "bench-prefill-decode: unexpected argument '%s'\n", argv[optind]); return 2; }
-  if (o.pp == 0 && o.tg == 0) { fprintf(stderr, "bench-prefill-decode: nothing to do (-p 0 and -n 0)\n"); return 2; }
+  if (o.n_pp == 0 && o.tg == 0) { fprintf(stderr, "bench-prefill-decode: nothing to do (-p 0 and -n 0)\n"); return 2; }
 
   /* Model paths and names: given ones as they are, else the defaults that exist. */
   char *paths[MAX_MODELS] = {0}, *names[MAX_MODELS] = {0};
