@@ -4,6 +4,10 @@
 
 const char *kvl_backend_name(const kvl_backend_t *be) { return be->name; }
 
+void kvl_wpack_release(struct kvl_wpack *p) {
+  if (p && p->impl && p->release) p->release(p);
+}
+
 bool kvl_backend_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype) {
   return be->ops->supports(be, op, wtype);
 }

@@ -79,8 +79,7 @@ const char *kvl__bf16_gemm_impl(void) { return g.impl[0] ? g.impl : "not used ye
 
 size_t kvl_wpack_total_bytes(void) { return atomic_load(&g.bytes); }
 
-void kvl_wpack_release(struct kvl_wpack *p) {
-  if (!p || !p->impl) return;
+static void release_packed(struct kvl_wpack *p) {
   struct packed *k = p->impl;
   if (k->mem) dnnl_memory_destroy(k->mem);
   free(k->buf);
@@ -88,6 +87,8 @@ void kvl_wpack_release(struct kvl_wpack *p) {
   free(k);
   p->impl = NULL;
   p->bytes = 0;
+  p->owner = NULL;
+  p->release = NULL;
 }
 
 static inline uint16_t to_bf16(float f) { /* round to nearest even; NaN stays NaN */
@@ -187,6 +188,8 @@ static int pack(const struct kvl__simd *s, const struct kvl_weight *w, const dnn
   }
   w->pack->impl = k;
   w->pack->bytes = bytes;
+  w->pack->owner = &g;
+  w->pack->release = release_packed;
   atomic_fetch_add(&g.bytes, bytes);
   k = NULL;
 out:
@@ -204,6 +207,7 @@ out:
 
 int kvl__bf16_matmul(const struct kvl__simd *s, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
   if (!w->pack || n_tokens <= 0 || !kvl__bf16_gemm_usable()) return KVL_ENOTSUP;
+  if (w->pack->impl && w->pack->owner != &g) return KVL_ENOTSUP; /* another backend's copy */
   const int64_t K = w->cols, N = w->rows;
   pthread_mutex_lock(&g.mu);
   struct prim *p = prim_for(K, N);

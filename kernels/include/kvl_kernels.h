@@ -33,9 +33,11 @@
 struct kvl_wpack {
   void *impl;
   size_t bytes;        /* what the copy takes */
+  const void *owner;   /* which backend made it (another one leaves the slot alone) */
+  void (*release)(struct kvl_wpack *p); /* set by the owner; kvl_wpack_release calls it */
 };
 void kvl_wpack_release(struct kvl_wpack *p);
-/* Bytes of every repacked copy alive in the process (for reports and /metrics). */
+/* Bytes of every repacked host copy alive in the process (for reports and /metrics). */
 size_t kvl_wpack_total_bytes(void);
 
 struct kvl_weight {
@@ -132,6 +134,12 @@ kvl_backend_t *kvl_backend_cpu(void);
 /* A CPU backend with an explicit level ("scalar", "avx2", "avx512", "avx512vnni", "amx",
  * "avx512bf16"), or NULL if this processor cannot run it. For tests and benchmarks. */
 kvl_backend_t *kvl_backend_cpu_level(const char *level);
+/* The CUDA backend (kernels/cuda/: cuBLASLt bf16 GEMMs on weights dequantised at first
+ * use, own kernels for the other ops) on device KVL_CUDA_DEVICE (default 0), with a device
+ * arena of KVL_CUDA_MEM_MIB (default 80% of the free memory); or NULL with the reason in
+ * why (built without CUDA, no device, a device older than compute 8.0). The interface's
+ * arrays stay host arrays: each op copies in and out. Static: never freed. */
+kvl_backend_t *kvl_backend_cuda(char *why, size_t whylen);
 /* The scalar references (kernels/ref/) behind the backend interface: a whole forward
  * pass on the slow truth, for tests. */
 kvl_backend_t *kvl_backend_ref(void);

@@ -1,0 +1,466 @@
+/* backend.cu — the CUDA backend behind kvl_backend_ops: device memory, weights in bf16,
+ * cuBLASLt GEMMs, and the kernels of ops.cu.
+ *
+ * Memory: one cudaMalloc at start (KVL_CUDA_MEM_MIB, default 80% of the free device
+ * memory) sliced first-fit; no managed memory. A weight is dequantised once on the host
+ * by the reference dequantiser (kvl_dequant_row_ref: the same values the CPU backend
+ * sees), rounded to bf16, and kept on the device in the weight's kvl_wpack slot; a weight
+ * without a slot is uploaded for the call only. GEMMs: bf16 inputs, fp32 accumulation and
+ * output (CUBLAS_COMPUTE_32F), y = x · Wᵀ as cuBLASLt's column-major Yᵀ = W · Xᵀ.
+ *
+ * The interface passes host arrays (activations, the KV pool), so each op copies its
+ * inputs in and its outputs back, and attention stages the blocks the batch reads. That
+ * makes every op checkable against the CPU and a whole forward pass run as it is; a
+ * forward with device-resident activations and a device KV pool (the hot tier on the GPU,
+ * the cold tier in pinned host memory) is the next step and needs the engine to keep
+ * its buffers on the backend. */
+#include <cublasLt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda-impl.h"
+
+extern "C" {
+#include "kvl_error.h"
+}
+
+void kvl__cuda_fail(const char *what, cudaError_t e, const char *file, int line) {
+  fprintf(stderr, "kvlingo: CUDA call failed at %s:%d: %s: %s\n", file, line, what, cudaGetErrorString(e));
+  abort();
+}
+
+#define KVL_CKB(call)                                                                               \
+  do {                                                                                              \
+    cublasStatus_t s_ = (call);                                                                     \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                              \
+      fprintf(stderr, "kvlingo: cuBLASLt call failed at %s:%d: %s: status %d\n", __FILE__, __LINE__, #call, \
+              (int)s_);                                                                             \
+      abort();                                                                                      \
+    }                                                                                               \
+  } while (0)
+
+/* ---- the arena ---------------------------------------------------------------------- */
+
+enum { MAX_FREE = 4096, ALIGN = 256 };
+
+struct range {
+  size_t off, len;
+};
+
+static struct arena {
+  pthread_mutex_t mu;      /* initialised by init(), before the first slice */
+  char *base;
+  size_t size;
+  struct range free_[MAX_FREE]; /* sorted by offset, coalesced */
+  int n_free;
+  struct range *used_;          /* live slices, for kvl__cuda_free */
+  int n_used, cap_used;
+} A;
+
+void *kvl__cuda_alloc(size_t bytes) {
+  size_t len = (bytes + ALIGN - 1) / ALIGN * ALIGN;
+  if (len == 0) len = ALIGN;
+  void *p = NULL;
+  pthread_mutex_lock(&A.mu);
+  for (int i = 0; i < A.n_free; i++) {
+    if (A.free_[i].len < len) continue;
+    size_t off = A.free_[i].off;
+    A.free_[i].off += len, A.free_[i].len -= len;
+    if (A.free_[i].len == 0) {
+      memmove(&A.free_[i], &A.free_[i + 1], (size_t)(A.n_free - i - 1) * sizeof(A.free_[0]));
+      A.n_free--;
+    }
+    if (A.n_used == A.cap_used) {
+      int cap = A.cap_used ? 2 * A.cap_used : 256;
+      struct range *u = (struct range *)realloc(A.used_, (size_t)cap * sizeof(*u));
+      KVL_ASSERT(u);
+      A.used_ = u, A.cap_used = cap;
+    }
+    A.used_[A.n_used].off = off, A.used_[A.n_used].len = len;
+    A.n_used++;
+    p = A.base + off;
+    break;
+  }
+  pthread_mutex_unlock(&A.mu);
+  return p;
+}
+
+void kvl__cuda_free(void *p) {
+  if (!p) return;
+  pthread_mutex_lock(&A.mu);
+  size_t off = (size_t)((char *)p - A.base), len = 0;
+  for (int i = 0; i < A.n_used; i++)
+    if (A.used_[i].off == off) {
+      len = A.used_[i].len;
+      A.used_[i] = A.used_[--A.n_used];
+      break;
+    }
+  KVL_ASSERT(len > 0); /* a slice this arena handed out */
+  int i = 0;
+  while (i < A.n_free && A.free_[i].off < off) i++;
+  bool prev = i > 0 && A.free_[i - 1].off + A.free_[i - 1].len == off;
+  bool next = i < A.n_free && off + len == A.free_[i].off;
+  if (prev && next) {
+    A.free_[i - 1].len += len + A.free_[i].len;
+    memmove(&A.free_[i], &A.free_[i + 1], (size_t)(A.n_free - i - 1) * sizeof(A.free_[0]));
+    A.n_free--;
+  } else if (prev) {
+    A.free_[i - 1].len += len;
+  } else if (next) {
+    A.free_[i].off = off, A.free_[i].len += len;
+  } else {
+    KVL_ASSERT(A.n_free < MAX_FREE);
+    memmove(&A.free_[i + 1], &A.free_[i], (size_t)(A.n_free - i) * sizeof(A.free_[0]));
+    A.free_[i].off = off, A.free_[i].len = len;
+    A.n_free++;
+  }
+  pthread_mutex_unlock(&A.mu);
+}
+
+/* ---- the backend ------------------------------------------------------------------- */
+
+struct cuda_state {
+  int device;
+  cudaStream_t st;
+  cublasLtHandle_t lt;
+  void *workspace; /* cuBLASLt's */
+  size_t ws_bytes;
+  pthread_mutex_t mu; /* one op at a time on the stream */
+};
+
+static struct cuda_state S_;
+
+/* a device slice for the duration of an op */
+static void *dalloc(size_t bytes) {
+  void *p = kvl__cuda_alloc(bytes);
+  if (!p) {
+    fprintf(stderr, "kvlingo: CUDA arena full (%zu bytes asked; KVL_CUDA_MEM_MIB sets its size)\n", bytes);
+    abort();
+  }
+  return p;
+}
+
+static void *upload(const void *h, size_t bytes) {
+  void *d = dalloc(bytes);
+  KVL_CK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, S_.st));
+  return d;
+}
+
+/* a weight on the device: bf16 rows x cols, and its bias (fp32) */
+struct dweight {
+  __nv_bfloat16 *w;
+  float *bias;
+};
+
+static void dweight_free(struct dweight *d) {
+  kvl__cuda_free(d->w);
+  kvl__cuda_free(d->bias);
+}
+
+static void release_pack(struct kvl_wpack *p) {
+  struct dweight *d = (struct dweight *)p->impl;
+  dweight_free(d);
+  free(d);
+  p->impl = NULL, p->bytes = 0, p->owner = NULL, p->release = NULL;
+}
+
+static inline uint16_t to_bf16(float f) { /* round to nearest even; NaN stays NaN */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static void make_dweight(const struct kvl_weight *w, struct dweight *d) {
+  const size_t rb = kvl_row_size(w->type, (uint64_t)w->cols);
+  float *row = (float *)malloc((size_t)w->cols * sizeof(float));
+  uint16_t *hb = (uint16_t *)malloc((size_t)w->rows * (size_t)w->cols * sizeof(uint16_t));
+  KVL_ASSERT(row && hb);
+  for (int64_t r = 0; r < w->rows; r++) {
+    KVL_ASSERT(kvl_dequant_row_ref(w->type, (const uint8_t *)w->data + (size_t)r * rb, row, w->cols) == 0);
+    for (int64_t c = 0; c < w->cols; c++) hb[(size_t)r * (size_t)w->cols + (size_t)c] = to_bf16(row[c]);
+  }
+  d->w = (__nv_bfloat16 *)upload(hb, (size_t)w->rows * (size_t)w->cols * sizeof(uint16_t));
+  d->bias = w->bias ? (float *)upload(w->bias, (size_t)w->rows * sizeof(float)) : NULL;
+  KVL_CK(cudaStreamSynchronize(S_.st)); /* the host copies are freed next */
+  free(row);
+  free(hb);
+}
+
+/* The weight's device copy: from its pack slot (made on first use), or made for this call
+ * (*temp set: the caller frees it). */
+static const struct dweight *get_dweight(kvl_backend_t *be, const struct kvl_weight *w, struct dweight *temp,
+                                         bool *is_temp) {
+  struct kvl_wpack *p = w->pack;
+  if (p && p->impl && p->owner == be) {
+    *is_temp = false;
+    return (const struct dweight *)p->impl;
+  }
+  make_dweight(w, temp);
+  if (p && !p->impl) { /* keep it */
+    struct dweight *d = (struct dweight *)malloc(sizeof(*d));
+    KVL_ASSERT(d);
+    *d = *temp;
+    p->impl = d;
+    p->bytes = (size_t)w->rows * (size_t)w->cols * 2 + (w->bias ? (size_t)w->rows * 4 : 0);
+    p->owner = be;
+    p->release = release_pack;
+    *is_temp = false;
+    return d;
+  }
+  *is_temp = true;
+  return temp;
+}
+
+static bool cu_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype) {
+  (void)be;
+  if (op == KVL_OP_MATMUL || op == KVL_OP_EMBED) {
+    const struct kvl_type_traits *t = kvl_type_traits(wtype);
+    return t && t->can_dequant;
+  }
+  return op < KVL_OP_COUNT_;
+}
+
+/* Yᵀ (N x T, column-major) = W (K x N column-major, transposed) · Xᵀ (K x T) */
+static void gemm(const __nv_bfloat16 *W, const __nv_bfloat16 *X, float *Y, int64_t N, int64_t K, int T) {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t la, lb, lc;
+  KVL_CKB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+  KVL_CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof(tA)));
+  KVL_CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof(tB)));
+  KVL_CKB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K));
+  KVL_CKB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)T, K));
+  KVL_CKB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)N, (uint64_t)T, N));
+  cublasLtMatmulPreference_t pref;
+  KVL_CKB(cublasLtMatmulPreferenceCreate(&pref));
+  KVL_CKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &S_.ws_bytes,
+                                               sizeof(S_.ws_bytes)));
+  cublasLtMatmulHeuristicResult_t h;
+  int found = 0;
+  KVL_CKB(cublasLtMatmulAlgoGetHeuristic(S_.lt, op, la, lb, lc, lc, pref, 1, &h, &found));
+  if (found < 1) {
+    fprintf(stderr, "kvlingo: cuBLASLt has no algorithm for a %lld x %lld x %d bf16 GEMM\n", (long long)N,
+            (long long)K, T);
+    abort();
+  }
+  const float one = 1.0f, zero = 0.0f;
+  KVL_CKB(cublasLtMatmul(S_.lt, op, &one, W, la, X, lb, &zero, Y, lc, Y, lc, &h.algo, S_.workspace, S_.ws_bytes,
+                         S_.st));
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+}
+
+static void cu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
+  if (n_tokens <= 0) return;
+  pthread_mutex_lock(&S_.mu);
+  struct dweight temp;
+  bool is_temp;
+  const struct dweight *d = get_dweight(be, w, &temp, &is_temp);
+  const size_t xn = (size_t)n_tokens * (size_t)w->cols, yn = (size_t)n_tokens * (size_t)w->rows;
+  float *dx = (float *)upload(x, xn * sizeof(float));
+  __nv_bfloat16 *dxb = (__nv_bfloat16 *)dalloc(xn * sizeof(__nv_bfloat16));
+  float *dy = (float *)dalloc(yn * sizeof(float));
+  kvl__cu_to_bf16(dx, dxb, (int64_t)xn, S_.st);
+  gemm(d->w, dxb, dy, w->rows, w->cols, n_tokens);
+  if (d->bias) kvl__cu_bias(dy, d->bias, n_tokens, w->rows, S_.st);
+  KVL_CK(cudaMemcpyAsync(y, dy, yn * sizeof(float), cudaMemcpyDeviceToHost, S_.st));
+  KVL_CK(cudaStreamSynchronize(S_.st));
+  kvl__cuda_free(dx);
+  kvl__cuda_free(dxb);
+  kvl__cuda_free(dy);
+  if (is_temp) dweight_free(&temp);
+  pthread_mutex_unlock(&S_.mu);
+}
+
+static void cu_rmsnorm(kvl_backend_t *be, const float *x, const float *w, float *y, int n_tokens, int n, float eps) {
+  (void)be;
+  if (n_tokens <= 0) return;
+  pthread_mutex_lock(&S_.mu);
+  const size_t bytes = (size_t)n_tokens * (size_t)n * sizeof(float);
+  float *dx = (float *)upload(x, bytes), *dw = (float *)upload(w, (size_t)n * sizeof(float));
+  kvl__cu_rmsnorm(dx, dw, dx, n_tokens, n, eps, S_.st); /* one block per row: in place is safe */
+  KVL_CK(cudaMemcpyAsync(y, dx, bytes, cudaMemcpyDeviceToHost, S_.st));
+  KVL_CK(cudaStreamSynchronize(S_.st));
+  kvl__cuda_free(dx);
+  kvl__cuda_free(dw);
+  pthread_mutex_unlock(&S_.mu);
+}
+
+static void cu_rope(kvl_backend_t *be, const struct kvl_rope *r, float *x, const int32_t *pos, int n_tokens,
+                    int n_heads, bool inverse) {
+  (void)be;
+  if (n_tokens <= 0) return;
+  pthread_mutex_lock(&S_.mu);
+  const size_t bytes = (size_t)n_tokens * (size_t)n_heads * (size_t)r->head_dim * sizeof(float);
+  float *dx = (float *)upload(x, bytes);
+  int32_t *dp = (int32_t *)upload(pos, (size_t)n_tokens * sizeof(int32_t));
+  float *df = (float *)upload(r->inv_freq, (size_t)(r->head_dim / 2) * sizeof(float));
+  kvl__cu_rope(dx, dp, df, n_tokens, n_heads, r->head_dim, inverse, S_.st);
+  KVL_CK(cudaMemcpyAsync(x, dx, bytes, cudaMemcpyDeviceToHost, S_.st));
+  KVL_CK(cudaStreamSynchronize(S_.st));
+  kvl__cuda_free(dx);
+  kvl__cuda_free(dp);
+  kvl__cuda_free(df);
+  pthread_mutex_unlock(&S_.mu);
+}
+
+static void cu_swiglu(kvl_backend_t *be, const float *g, const float *u, float *y, int64_t n) {
+  (void)be;
+  if (n <= 0) return;
+  pthread_mutex_lock(&S_.mu);
+  const size_t bytes = (size_t)n * sizeof(float);
+  float *dg = (float *)upload(g, bytes), *du = (float *)upload(u, bytes);
+  kvl__cu_swiglu(dg, du, dg, n, S_.st);
+  KVL_CK(cudaMemcpyAsync(y, dg, bytes, cudaMemcpyDeviceToHost, S_.st));
+  KVL_CK(cudaStreamSynchronize(S_.st));
+  kvl__cuda_free(dg);
+  kvl__cuda_free(du);
+  pthread_mutex_unlock(&S_.mu);
+}
+
+/* rows of the device bf16 table (the tied output head shares it): bf16 values */
+static void cu_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_t *ids, float *y, int n_tokens) {
+  if (n_tokens <= 0) return;
+  pthread_mutex_lock(&S_.mu);
+  struct dweight temp;
+  bool is_temp;
+  const struct dweight *d = get_dweight(be, t, &temp, &is_temp);
+  const size_t bytes = (size_t)n_tokens * (size_t)t->cols * sizeof(float);
+  int32_t *di = (int32_t *)upload(ids, (size_t)n_tokens * sizeof(int32_t));
+  float *dy = (float *)dalloc(bytes);
+  kvl__cu_embed(d->w, di, dy, n_tokens, t->cols, S_.st);
+  KVL_CK(cudaMemcpyAsync(y, dy, bytes, cudaMemcpyDeviceToHost, S_.st));
+  KVL_CK(cudaStreamSynchronize(S_.st));
+  kvl__cuda_free(di);
+  kvl__cuda_free(dy);
+  if (is_temp) dweight_free(&temp);
+  pthread_mutex_unlock(&S_.mu);
+}
+
+/* The batch's sequences' blocks of this layer (K then V slabs, adjacent in the pool) are
+ * copied to the device in local order, with block tables rewritten to local ids. */
+static void cu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
+  (void)be;
+  if (a->n_tokens <= 0) return;
+  const struct kvl_kv_layout *l = a->kv;
+  int n_seq = 0, max_blocks = 0;
+  for (int t = 0; t < a->n_tokens; t++) {
+    if (a->seq[t] + 1 > n_seq) n_seq = a->seq[t] + 1;
+    if (a->pos[t] / KVL_KV_BLOCK + 1 > max_blocks) max_blocks = a->pos[t] / KVL_KV_BLOCK + 1;
+  }
+  /* blocks needed per sequence: up to its highest position in the batch */
+  int *need = (int *)calloc((size_t)n_seq, sizeof(int));
+  int32_t *tables = (int32_t *)malloc((size_t)n_seq * (size_t)max_blocks * sizeof(int32_t));
+  KVL_ASSERT(need && tables);
+  for (int t = 0; t < a->n_tokens; t++)
+    if (a->pos[t] / KVL_KV_BLOCK + 1 > need[a->seq[t]]) need[a->seq[t]] = a->pos[t] / KVL_KV_BLOCK + 1;
+  int n_local = 0;
+  for (int s = 0; s < n_seq; s++) n_local += need[s];
+  const size_t slab = 2 * (size_t)KVL_KV_BLOCK * (size_t)l->n_kv_head * (size_t)l->head_dim *
+                      (l->dtype == KVL_KV_BF16 ? 2 : 4); /* K and V of one layer */
+  pthread_mutex_lock(&S_.mu);
+  char *dblocks = (char *)dalloc((size_t)n_local * slab);
+  int next = 0;
+  for (int s = 0; s < n_seq; s++)
+    for (int j = 0; j < need[s]; j++) {
+      const void *src = kvl_kv_k_ptr(l, (void *)a->kv_base, a->block_tables[s][j], a->layer);
+      KVL_CK(cudaMemcpyAsync(dblocks + (size_t)next * slab, src, slab, cudaMemcpyHostToDevice, S_.st));
+      tables[(size_t)s * max_blocks + j] = next++;
+    }
+  const size_t qbytes = (size_t)a->n_tokens * (size_t)a->n_head * (size_t)l->head_dim * sizeof(float);
+  float *dq = (float *)upload(a->q, qbytes), *dout = (float *)dalloc(qbytes);
+  int32_t *dpos = (int32_t *)upload(a->pos, (size_t)a->n_tokens * sizeof(int32_t));
+  int32_t *dseq = (int32_t *)upload(a->seq, (size_t)a->n_tokens * sizeof(int32_t));
+  int32_t *dtab = (int32_t *)upload(tables, (size_t)n_seq * (size_t)max_blocks * sizeof(int32_t));
+  kvl__cu_attention(dq, dout, dpos, dseq, dtab, max_blocks, dblocks, a->n_tokens, a->n_head, l->n_kv_head,
+                    l->head_dim, l->dtype == KVL_KV_BF16, a->scale, S_.st);
+  KVL_CK(cudaGetLastError());
+  KVL_CK(cudaMemcpyAsync(a->out, dout, qbytes, cudaMemcpyDeviceToHost, S_.st));
+  KVL_CK(cudaStreamSynchronize(S_.st));
+  kvl__cuda_free(dblocks);
+  kvl__cuda_free(dq);
+  kvl__cuda_free(dout);
+  kvl__cuda_free(dpos);
+  kvl__cuda_free(dseq);
+  kvl__cuda_free(dtab);
+  pthread_mutex_unlock(&S_.mu);
+  free(need);
+  free(tables);
+}
+
+static const struct kvl_backend_ops cuda_ops = {cu_supports, cu_matmul, cu_rmsnorm, cu_rope,
+                                                cu_swiglu,   cu_embed,  cu_attention};
+
+static kvl_backend_t be_cuda;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static char init_err[512];
+static char be_name[512];
+
+static void init(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    snprintf(init_err, sizeof(init_err), "no CUDA device (%s)",
+             e != cudaSuccess ? cudaGetErrorString(e) : "the driver sees none");
+    return;
+  }
+  const char *dev = getenv("KVL_CUDA_DEVICE");
+  S_.device = dev ? atoi(dev) : 0;
+  if (S_.device < 0 || S_.device >= n) {
+    snprintf(init_err, sizeof(init_err), "KVL_CUDA_DEVICE=%d, but there are %d devices", S_.device, n);
+    return;
+  }
+  if ((e = cudaSetDevice(S_.device)) != cudaSuccess) {
+    snprintf(init_err, sizeof(init_err), "cudaSetDevice(%d): %s", S_.device, cudaGetErrorString(e));
+    return;
+  }
+  pthread_mutex_init(&A.mu, NULL);
+  cudaDeviceProp prop;
+  KVL_CK(cudaGetDeviceProperties(&prop, S_.device));
+  if (prop.major < 8) {
+    snprintf(init_err, sizeof(init_err), "%.256s (compute %d.%d): bf16 GEMMs need compute 8.0 or newer", prop.name,
+             prop.major, prop.minor);
+    return;
+  }
+  size_t free_b = 0, total_b = 0;
+  KVL_CK(cudaMemGetInfo(&free_b, &total_b));
+  const char *mib = getenv("KVL_CUDA_MEM_MIB");
+  size_t want = mib ? (size_t)strtoull(mib, NULL, 10) << 20 : free_b / 10 * 8;
+  if (want == 0 || want > free_b) {
+    snprintf(init_err, sizeof(init_err), "cannot reserve %zu MiB (%zu MiB free)", want >> 20, free_b >> 20);
+    return;
+  }
+  if ((e = cudaMalloc((void **)&A.base, want)) != cudaSuccess) {
+    snprintf(init_err, sizeof(init_err), "cudaMalloc(%zu MiB): %s", want >> 20, cudaGetErrorString(e));
+    return;
+  }
+  A.size = want;
+  A.free_[0].off = 0, A.free_[0].len = want;
+  A.n_free = 1;
+  KVL_CK(cudaStreamCreateWithFlags(&S_.st, cudaStreamNonBlocking));
+  KVL_CKB(cublasLtCreate(&S_.lt));
+  S_.ws_bytes = (size_t)32 << 20;
+  S_.workspace = dalloc(S_.ws_bytes);
+  pthread_mutex_init(&S_.mu, NULL);
+  snprintf(be_name, sizeof(be_name), "cuda:%d (%.256s, compute %d.%d, %zu MiB arena)", S_.device, prop.name, prop.major,
+           prop.minor, want >> 20);
+  be_cuda.name = be_name;
+  be_cuda.ops = &cuda_ops;
+}
+
+extern "C" kvl_backend_t *kvl_backend_cuda(char *why, size_t whylen) {
+  pthread_once(&once, init);
+  if (!be_cuda.ops) {
+    if (why && whylen) snprintf(why, whylen, "%.*s", (int)(whylen - 1), init_err);
+    return NULL;
+  }
+  return &be_cuda;
+}
+
+extern "C" size_t kvl_backend_cuda_arena_bytes(void) { return A.size; }

@@ -1,0 +1,45 @@
+/* cuda-impl.h — private to kernels/cuda/: the device arena, the error check, and the
+ * kernels' launchers (ops.cu) that the backend (backend.cu) calls. CUDA C++ only. */
+#ifndef KVL_CUDA_IMPL_H
+#define KVL_CUDA_IMPL_H
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../backend-impl.h"
+}
+
+/* A failed CUDA call is a broken device or a bug, not a client's mistake: say which call
+ * and where, and stop (as KVL_ASSERT does). */
+void kvl__cuda_fail(const char *what, cudaError_t e, const char *file, int line);
+#define KVL_CK(call)                                                                                \
+  do {                                                                                              \
+    cudaError_t e_ = (call);                                                                        \
+    if (e_ != cudaSuccess) kvl__cuda_fail(#call, e_, __FILE__, __LINE__);                           \
+  } while (0)
+
+/* The device arena: one cudaMalloc at start, sliced first-fit (weights, KV staging,
+ * activations); 256-byte aligned slices. NULL when it is full. */
+void *kvl__cuda_alloc(size_t bytes);
+void kvl__cuda_free(void *p);
+
+/* ---- kernels (ops.cu); all on `st`, asynchronous ---- */
+void kvl__cu_to_bf16(const float *x, __nv_bfloat16 *y, int64_t n, cudaStream_t st);
+void kvl__cu_bias(float *y, const float *b, int n_tokens, int64_t n, cudaStream_t st);
+void kvl__cu_rmsnorm(const float *x, const float *w, float *y, int n_tokens, int n, float eps, cudaStream_t st);
+void kvl__cu_rope(float *x, const int32_t *pos, const float *inv_freq, int n_tokens, int n_heads, int head_dim,
+                  bool inverse, cudaStream_t st);
+void kvl__cu_swiglu(const float *g, const float *u, float *y, int64_t n, cudaStream_t st);
+void kvl__cu_embed(const __nv_bfloat16 *table, const int32_t *ids, float *y, int n_tokens, int64_t cols,
+                   cudaStream_t st);
+/* Attention over a staged copy of one layer's KV: blocks[i] holds K[16][kvw] then V[16][kvw]
+ * of local block i (fp32 or bf16), tables[s * max_blocks + j] the local block of sequence
+ * s's logical block j. */
+void kvl__cu_attention(const float *q, float *out, const int32_t *pos, const int32_t *seq, const int32_t *tables,
+                       int max_blocks, const void *blocks, int n_tokens, int n_head, int n_kv_head, int head_dim,
+                       bool bf16, float scale, cudaStream_t st);
+
+#endif
