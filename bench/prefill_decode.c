@@ -55,6 +55,7 @@ struct bench_opts {
   enum kvl_kv_dtype kv;           /* KV cache storage */
   double bw_gbps;                 /* memory bandwidth for roofline_pct; 0 = not given */
   const char *out;                /* results directory */
+  bool cuda;                      /* --backend cuda */
 };
 
 /* The model's short name from its file name: directory, ".gguf", a quantisation suffix
@@ -121,7 +122,12 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     return -1;
   }
   const struct kvl_model_hparams *hp = kvl_model_hparams(m);
-  kvl_backend_t *be = kvl_backend_cpu();
+  char why[256];
+  kvl_backend_t *be = o->cuda ? kvl_backend_cuda(why, sizeof(why)) : kvl_backend_cpu();
+  if (!be) {
+    fprintf(stderr, "bench-prefill-decode: --backend cuda: %s\n", why);
+    goto out;
+  }
   const int threads = omp_get_max_threads();
   const char *kvname = o->kv == KVL_KV_F32 ? "f32" : "bf16";
   fprintf(stderr, "bench-prefill-decode: %s (%s, %d layers) on %s, %d threads, kv %s, loaded in %.2f s\n", name,
@@ -256,6 +262,7 @@ static void usage(FILE *f) {
     "  -n, --decode N     tg<N>: N decode steps after a %d-token prompt (default 128; 0 = skip)\n"
     "  -r, --runs N       timed runs per figure (default 5)\n"
     "      --kv bf16|f32  KV cache storage (default bf16)\n"
+    "      --backend cpu|cuda  the CPU backend (default) or the CUDA one (kernels/cuda/)\n"
     "      --bw GBPS      memory bandwidth (e.g. bench-roofline's all-cores figure): adds\n"
     "                     roofline_pct to tg results\n"
     "      --out DIR      where to write the results (default bench/results)\n"
@@ -277,12 +284,13 @@ static int parse_int(const char *s, const char *what, int min) {
 }
 
 int main(int argc, char **argv) {
-  enum { O_KV = 1000, O_BW, O_OUT };
+  enum { O_KV = 1000, O_BW, O_OUT, O_BACKEND };
   static const struct option lopts[] = {
     {"model", required_argument, 0, 'm'}, {"prefill", required_argument, 0, 'p'},
     {"decode", required_argument, 0, 'n'}, {"runs", required_argument, 0, 'r'},
     {"kv", required_argument, 0, O_KV}, {"bw", required_argument, 0, O_BW},
-    {"out", required_argument, 0, O_OUT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    {"out", required_argument, 0, O_OUT}, {"backend", required_argument, 0, O_BACKEND},
+    {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   struct bench_opts o = {.pp = {512}, .n_pp = 1, .pp_max = 512, .tg = 128, .runs = 5, .kv = KVL_KV_BF16, .out = "bench/results"};
   int c;
   char *end;
@@ -307,6 +315,10 @@ int main(int argc, char **argv) {
     }
     case 'n': o.tg = parse_int(optarg, "-n", 0); break;
     case 'r': o.runs = parse_int(optarg, "-r", 1); break;
+    case O_BACKEND:
+      if (!strcmp(optarg, "cuda")) o.cuda = true;
+      else if (strcmp(optarg, "cpu")) { fprintf(stderr, "bench-prefill-decode: --backend is cpu or cuda, not '%s'\n", optarg); return 2; }
+      break;
     case O_KV:
       if (!strcmp(optarg, "bf16")) o.kv = KVL_KV_BF16;
       else if (!strcmp(optarg, "f32")) o.kv = KVL_KV_F32;
