@@ -10,11 +10,11 @@
  *              switch, so old spans pass through several translators.
  *
  *   bench-multiturn [--small S.gguf --large L.gguf] [--maps DIR] [-n CONVERSATIONS]
- *                   [--variant distilled] [--turn-user 48] [--turn-cont 32] [--head 16] [--out DIR]
+ *                   [--variant distilled] [--turn-user 48] [--turn-cont 32] [--head 32] [--out DIR]
  *
  * --head N: the protocol and the naive scheme compute the first N positions natively in
  * every model and translate only what comes after (the daemon's translate_native_head,
- * 16 by default: the attention sink's block); 0 translates from position 0.
+ * 32 by default: the attention sink's block and the next; 0 translates from position 0.
  *
  * A conversation is one held-out corpus sample (translator/corpus/split.tsv, code and
  * prose interleaved) of 10 × (user + continuation) tokens: turn t's user tokens are the
@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
   kvl_bench_model_path("1.5b", paths[1], sizeof(paths[1]));
   snprintf(maps, sizeof(maps), "%s/translator/maps", KVL_BENCH_SOURCE_ROOT);
   snprintf(split, sizeof(split), "%s/translator/corpus/split.tsv", KVL_BENCH_SOURCE_ROOT);
-  int n_conv = 8, tu = 48, tc = 32, head = 16;
+  int n_conv = 8, tu = 48, tc = 32, head = 32;
   const char *out = "bench/results", *variant = "distilled";
   static const struct option opts[] = {{"small", required_argument, 0, 'S'}, {"large", required_argument, 0, 'L'},
                                        {"maps", required_argument, 0, 'M'}, {"variant", required_argument, 0, 'V'}, {"turn-user", required_argument, 0, 'U'},
@@ -67,7 +67,7 @@ int main(int argc, char **argv) {
     case 'n': n_conv = atoi(optarg); break;
     default:
       fprintf(c == 'h' ? stdout : stderr, "usage: bench-multiturn [--small S.gguf --large L.gguf] [--maps DIR] [-n N] "
-                                          "[--variant distilled] [--turn-user 48] [--turn-cont 32] [--head 16] [--out DIR]\n");
+                                          "[--variant distilled] [--turn-user 48] [--turn-cont 32] [--head 32] [--out DIR]\n");
       return c == 'h' ? 0 : 2;
     }
   }

@@ -137,9 +137,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--native-tail", type=int, default=32,
                     help="router.handoff_native_tail: positions the large model computes itself at the handoff")
-    ap.add_argument("--native-head", type=int, default=16,
+    ap.add_argument("--native-head", type=int, default=32,
                     help="translate_native_head: positions the 1.5B computes itself at the start of a translated "
-                         "prompt (the daemon's default, 16; 0 translates from position 0)")
+                         "prompt (the daemon's default, 32; 0 translates from position 0)")
     ap.add_argument("--translators", default="distilled", help="translator files X-to-Y.<this>.safetensors ('' = closed form)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--settings", default="baselines,translated,cascade",

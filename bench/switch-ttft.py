@@ -44,8 +44,8 @@ def main():
     ap.add_argument("-c", "--contexts", default="64,512,2048,8192")
     ap.add_argument("-r", "--runs", type=int, default=5)
     ap.add_argument("--turn", type=int, default=32)
-    ap.add_argument("--native-head", type=int, default=16,
-                    help="translate_native_head: positions the target computes itself at the start (daemon default 16)")
+    ap.add_argument("--native-head", type=int, default=32,
+                    help="translate_native_head: positions the target computes itself at the start (daemon default 32)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--directions", default="small-to-large,large-to-small")
     ap.add_argument("--append", action="store_true",

@@ -52,7 +52,7 @@ void kvld_config_defaults(struct kvld_config *c, const char *source_root) {
   snprintf(c->router.large, sizeof(c->router.large), "%s", pair[1][0]);
   c->cache_snapshot = true;
   c->translate_native_tail = 1;
-  c->translate_native_head = 16;
+  c->translate_native_head = 32;
   c->router.cascade_window = 8;
   c->router.handoff_native_tail = 1;
   c->router.cascade_max_mean_entropy = 2.0;

@@ -111,7 +111,7 @@ def generate(inf, ids, model, n, conv=""):
     return out, models, chunks[-1]
 
 
-HEAD = 16  # translate_native_head's default: every request computes its first 16 positions itself
+HEAD = 32  # translate_native_head's default: every request computes its first 32 positions itself
 rng = random.Random(5)
 vocab = 300 if mode == "tiny" else 151000
 
