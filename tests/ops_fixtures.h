@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <math.h>
+
+#include "kvl_kernels.h"
 #include "kvl_quant.h"
 #include "kvl_test.h"
 
@@ -51,6 +54,52 @@ static double nmse(const float *a, const float *ref, size_t n) {
     den += (double)ref[i] * ref[i];
   }
   return den > 0 ? num / den : num;
+}
+
+/* The attention harness's case, one geometry: two sequences on scattered blocks of a
+ * 3-layer pool (positions 0..79 and 0..95 filled in every layer) and a batch of a prefill
+ * chunk crossing block boundaries (seq 0 at 13..45) with single decode tokens (seq 1 at 95,
+ * seq 0 at 79); queries filled. a->out is the caller's. */
+struct attn_fixture {
+  struct kvl_kv_layout l;
+  void *pool;
+  int32_t bt0[5], bt1[6], pos[96], sq[96];
+  const int32_t *bts[2];
+  float *q;
+  struct kvl_attn_args a;
+};
+
+static void attn_fixture_init(struct attn_fixture *f, int n_kv, int d, int n_head, enum kvl_kv_dtype dt) {
+  static const int32_t bt0[] = {5, 2, 9, 0, 11}, bt1[] = {3, 14, 7, 1, 12, 6};
+  f->l = (struct kvl_kv_layout){3, n_kv, d, dt};
+  memcpy(f->bt0, bt0, sizeof(bt0));
+  memcpy(f->bt1, bt1, sizeof(bt1));
+  f->bts[0] = f->bt0, f->bts[1] = f->bt1;
+  const int kvw = n_kv * d, qw = n_head * d;
+  f->pool = calloc(16, kvl_kv_block_bytes(&f->l));
+  float *k = malloc(96 * (size_t)kvw * 4), *v = malloc(96 * (size_t)kvw * 4);
+  for (int s = 0; s < 2; s++) {
+    int n = s ? 96 : 80;
+    for (int i = 0; i < n; i++) f->pos[i] = i, f->sq[i] = s;
+    for (int layer = 0; layer < 3; layer++) {
+      fill(k, (size_t)n * kvw, 1.0f);
+      fill(v, (size_t)n * kvw, 1.0f);
+      kvl_kv_store(&f->l, f->pool, layer, n, k, v, f->pos, f->sq, f->bts);
+    }
+  }
+  free(k), free(v);
+  int T = 0;
+  for (int p = 13; p <= 45; p++) f->pos[T] = p, f->sq[T++] = 0;
+  f->pos[T] = 95, f->sq[T++] = 1;
+  f->pos[T] = 79, f->sq[T++] = 0;
+  f->q = malloc((size_t)T * qw * 4);
+  fill(f->q, (size_t)T * qw, 1.0f);
+  f->a = (struct kvl_attn_args){T, f->q, NULL, f->pos, f->sq, f->bts, n_head, 1, &f->l, f->pool, 1.0f / sqrtf((float)d)};
+}
+
+static void attn_fixture_free(struct attn_fixture *f) {
+  free(f->pool);
+  free(f->q);
 }
 
 #endif

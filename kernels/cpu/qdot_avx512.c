@@ -320,6 +320,32 @@ static float dot1_q5_0_quads(const uint8_t *w, int64_t nb, const int8_t *xp, con
   return _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr, _mm512_set1_ps(16.0f), _mm512_add_ps(acc0, acc1)));
 }
 
+/* Q4_K, one token, one block: its eight sub-block scales times d times the eight
+ * activation scales xd (the return), and the mins' correction added to *corr (dmin x min x
+ * activation scale x code sum of each 32, from the sums of 16 xs). The 12 scale bytes are
+ * unpacked with 32-bit masks. */
+static inline __m256 q4_k_block1(const uint8_t *w, const float *xd_, const int32_t *xs, __m256 *corr) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  uint32_t u[4];
+  memcpy(u, w + 4, 12);
+  u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* mins 4-7 */
+  uint32_t m03 = u[1] & 0x3f3f3f3fu;                                          /* mins 0-3 */
+  u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);         /* scales 4-7 */
+  u[2] = m03;
+  u[0] &= 0x3f3f3f3fu;                                                         /* scales 0-3 */
+  __m128i sm = _mm_loadu_si128((const __m128i *)u);
+  __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm));
+  __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+  __m256 xd = _mm256_loadu_ps(xd_);
+  __m512i s16 = _mm512_loadu_si512(xs); /* sums of 16 codes */
+  __m256i s8 = _mm512_castsi512_si256(_mm512_add_epi32(_mm512_permutexvar_epi32(even, s16),
+                                                       _mm512_permutexvar_epi32(odd, s16)));
+  *corr = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_set1_ps(kvl__h2f(w + 2))), _mm256_mul_ps(xd, _mm256_cvtepi32_ps(s8)),
+                          *corr);
+  return _mm256_mul_ps(_mm256_mul_ps(scf, _mm256_set1_ps(kvl__h2f(w))), xd);
+}
+
 /* Q4_K, one token: a block's eight 6-bit scales and mins unpacked together with 32-bit
  * masks (the 12 scale bytes hold scales 0-3 and mins 0-3 in their low 6 bits, and scales
  * and mins 4-7 split over the nibbles of bytes 8-11 and the top 2 bits of bytes 0-7),
@@ -327,31 +353,13 @@ static float dot1_q5_0_quads(const uint8_t *w, int64_t nb, const int8_t *xp, con
  * FMA per block. Same arithmetic as dot_q4_k_n in another order. */
 static float dot1_q4_k(const uint8_t *w, int64_t nb, const struct acts *a) {
   const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   __m256 corr = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++, w += 144) {
     _mm_prefetch((const char *)w + 4096, _MM_HINT_T1); /* 4 KiB ahead */
     _mm_prefetch((const char *)w + 4160, _MM_HINT_T1);
     _mm_prefetch((const char *)w + 4224, _MM_HINT_T1);
-    uint32_t u[4];
-    memcpy(u, w + 4, 12);
-    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* mins 4-7 */
-    uint32_t m03 = u[1] & 0x3f3f3f3fu;                                          /* mins 0-3 */
-    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);         /* scales 4-7 */
-    u[2] = m03;
-    u[0] &= 0x3f3f3f3fu;                                                         /* scales 0-3 */
-    __m128i sm = _mm_loadu_si128((const __m128i *)u);
-    __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm));
-    __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
-    __m256 xd = _mm256_loadu_ps(DA(a, 0) + 8 * b);
-    __m256 sc = _mm256_mul_ps(_mm256_mul_ps(scf, _mm256_set1_ps(kvl__h2f(w))), xd);
-    __m512i s16 = _mm512_loadu_si512(SA(a, 0) + 16 * b); /* sums of 16 codes */
-    __m256i s8 = _mm512_castsi512_si256(_mm512_add_epi32(_mm512_permutexvar_epi32(even, s16),
-                                                         _mm512_permutexvar_epi32(odd, s16)));
-    corr = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_set1_ps(kvl__h2f(w + 2))), _mm256_mul_ps(xd, _mm256_cvtepi32_ps(s8)),
-                           corr);
+    __m256 sc = q4_k_block1(w, DA(a, 0) + 8 * b, SA(a, 0) + 16 * b, &corr);
     __m512 sc16 = _mm512_castps256_ps512(sc);
     const uint8_t *q = w + 16;
     const int8_t *xq = QA(a, 0) + 256 * b;
@@ -374,8 +382,6 @@ static float dot1_q4_k(const uint8_t *w, int64_t nb, const struct acts *a) {
  * three logic operations instead of eight, and the sub-block scales follow by permute.
  * Same arithmetic as dot1_q4_k in another order. */
 static float dot1_q4_k_pairs(const uint8_t *w, int64_t nb, const int8_t *xp, const float *xd_, const int32_t *xs_) {
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   const __m512i lo4 = _mm512_set1_epi8(0x0f);
   /* lanes of the low / high nibbles of pair p: sub-blocks (4p, 4p+2) / (4p+1, 4p+3) */
   const __m512i ilo0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
@@ -388,23 +394,7 @@ static float dot1_q4_k_pairs(const uint8_t *w, int64_t nb, const int8_t *xp, con
     _mm_prefetch((const char *)w + 4096, _MM_HINT_T1); /* 4 KiB ahead */
     _mm_prefetch((const char *)w + 4160, _MM_HINT_T1);
     _mm_prefetch((const char *)w + 4224, _MM_HINT_T1);
-    uint32_t u[4];
-    memcpy(u, w + 4, 12);
-    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* mins 4-7 */
-    uint32_t m03 = u[1] & 0x3f3f3f3fu;                                          /* mins 0-3 */
-    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);         /* scales 4-7 */
-    u[2] = m03;
-    u[0] &= 0x3f3f3f3fu;                                                         /* scales 0-3 */
-    __m128i sm = _mm_loadu_si128((const __m128i *)u);
-    __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm));
-    __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
-    __m256 xd = _mm256_loadu_ps(xd_ + 8 * b);
-    __m256 sc = _mm256_mul_ps(_mm256_mul_ps(scf, _mm256_set1_ps(kvl__h2f(w))), xd);
-    __m512i s16 = _mm512_loadu_si512(xs_ + 16 * b); /* sums of 16 codes, natural order */
-    __m256i s8 = _mm512_castsi512_si256(_mm512_add_epi32(_mm512_permutexvar_epi32(even, s16),
-                                                         _mm512_permutexvar_epi32(odd, s16)));
-    corr = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_set1_ps(kvl__h2f(w + 2))), _mm256_mul_ps(xd, _mm256_cvtepi32_ps(s8)),
-                           corr);
+    __m256 sc = q4_k_block1(w, xd_ + 8 * b, xs_ + 16 * b, &corr);
     __m512 sc16 = _mm512_castps256_ps512(sc);
     const uint8_t *q = w + 16;
     const int8_t *x = xp + 256 * b;

@@ -178,32 +178,13 @@ static void test_attention(kvl_backend_t *be) {
   static const struct { int n_kv, d, n_head; } geo[] = {{2, 64, 14}, {2, 128, 12}, {1, 32, 4}, {4, 16, 4}};
   for (size_t gi = 0; gi < 4; gi++)
     for (int dt = 0; dt < 2; dt++) {
-      struct kvl_kv_layout l = {3, geo[gi].n_kv, geo[gi].d, dt ? KVL_KV_BF16 : KVL_KV_F32};
-      int kvw = l.n_kv_head * l.head_dim, qw = geo[gi].n_head * l.head_dim;
-      int n_blocks = 16;
-      void *pool = calloc((size_t)n_blocks, kvl_kv_block_bytes(&l));
-      int32_t bt0[] = {5, 2, 9, 0, 11}, bt1[] = {3, 14, 7, 1, 12, 6};
-      const int32_t *bts[] = {bt0, bt1};
-      /* fill positions 0..79 of seq 0 and 0..95 of seq 1 in every layer */
-      float *k = malloc(96 * (size_t)kvw * 4), *v = malloc(96 * (size_t)kvw * 4);
-      int32_t pos[96], sq[96];
-      for (int s = 0; s < 2; s++) {
-        int n = s ? 96 : 80;
-        for (int i = 0; i < n; i++) { pos[i] = i; sq[i] = s; }
-        for (int layer = 0; layer < 3; layer++) {
-          fill(k, (size_t)n * kvw, 1.0f);
-          fill(v, (size_t)n * kvw, 1.0f);
-          kvl_kv_store(&l, pool, layer, n, k, v, pos, sq, bts);
-        }
-      }
-      /* batch: seq 0 positions 13..45 (prefill chunk), seq 1 position 95, seq 0 at 79 */
-      int T = 0;
-      for (int p = 13; p <= 45; p++) { pos[T] = p; sq[T++] = 0; }
-      pos[T] = 95; sq[T++] = 1;
-      pos[T] = 79; sq[T++] = 0;
-      float *q = malloc((size_t)T * qw * 4), *o = malloc((size_t)T * qw * 4), *orf = malloc((size_t)T * qw * 4);
-      fill(q, (size_t)T * qw, 1.0f);
-      struct kvl_attn_args a = {T, q, o, pos, sq, bts, geo[gi].n_head, 1, &l, pool, 1.0f / sqrtf((float)l.head_dim)};
+      struct attn_fixture f;
+      attn_fixture_init(&f, geo[gi].n_kv, geo[gi].d, geo[gi].n_head, dt ? KVL_KV_BF16 : KVL_KV_F32);
+      const struct kvl_kv_layout l = f.l;
+      const int T = f.a.n_tokens, qw = geo[gi].n_head * l.head_dim;
+      float *o = malloc((size_t)T * qw * 4), *orf = malloc((size_t)T * qw * 4);
+      struct kvl_attn_args a = f.a;
+      a.out = o;
       kvl_attention(be, &a);
       a.out = orf;
       kvl_attention_ref(&a);
@@ -214,13 +195,15 @@ static void test_attention(kvl_backend_t *be) {
       /* a token's output does not depend on its batch: each one alone, bit for bit */
       bool same = true;
       for (int t = 0; t < T; t++) {
-        struct kvl_attn_args one = {1, q + (size_t)t * qw, orf, pos + t, sq + t, bts, geo[gi].n_head, 1, &l, pool, a.scale};
+        struct kvl_attn_args one = a;
+        one.n_tokens = 1, one.q = f.q + (size_t)t * qw, one.out = orf, one.pos = f.pos + t, one.seq = f.sq + t;
         kvl_attention(be, &one);
         same = same && !memcmp(orf, o + (size_t)t * qw, (size_t)qw * 4);
       }
       if (!same) printf("FAIL %s attention %s: a token alone differs from the batch\n", kvl_backend_name(be), desc);
       CHECK(same);
-      free(pool); free(k); free(v); free(q); free(o); free(orf);
+      free(o); free(orf);
+      attn_fixture_free(&f);
     }
 }
 
