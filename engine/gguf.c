@@ -224,7 +224,7 @@ static int parse(struct kvl_gguf *g, char *err, size_t errlen) {
   if ((rc = rd_u32(&c, &g->version, "version"))) return rc;
   if (g->version != 2 && g->version != 3)
     return fail(&c, KVL_ENOTSUP, "unsupported GGUF version %u (2 and 3 are supported)", g->version);
-  uint64_t n_tensors, n_kv;
+  uint64_t n_tensors = 0, n_kv = 0;
   if ((rc = rd_u64(&c, &n_tensors, "tensor count"))) return rc;
   if ((rc = rd_u64(&c, &n_kv, "metadata count"))) return rc;
   /* minimal encodings: a kv is >= 8 (key len) + 4 (type) + 1 bytes; a tensor info is

@@ -27,6 +27,10 @@ struct kvl__simd {
   /* dequantise n elements of a row (bit-identical to kvl_dequant_row_ref) */
   int (*dequant)(uint32_t type, const void *src, float *dst, int64_t n);
   void (*swiglu)(const float *g, const float *u, float *y, int64_t n); /* y = silu(g) * u */
+  /* Optional: y[t*ldy + r] = sum_k w[r*K + k] * x_t[k] for r < nr, t < nt <= 16, with the
+   * tokens interleaved (xg[k*16 + t]), in outer-product form: a (row, token) gets the same
+   * bits in every batch. Where a level has it, the matmul takes it for every size. */
+  void (*gemm_xt)(const float *w, int nr, const float *xg, int nt, float *y, int64_t ldy, int64_t K);
 };
 
 int kvl__dequant_avx512(uint32_t type, const void *src, float *dst, int64_t n);
@@ -53,6 +57,11 @@ int kvl__qdot1_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t 
 void kvl__q8_act_vec(const float *xd, const int32_t *s16, int64_t K, float *sx, float *cx);
 int kvl__qdot_vec_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *sx,
                              const float *cx, int n_tokens, float *out);
+/* The same contract on AVX2 (cpu/qdot_avx2.c, vpmaddubsw): the activation quantiser (the
+ * same codes, scales and sums as kvl__q8_act) and the products for 1..16 tokens. */
+void kvl__q8_act_avx2(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
+int kvl__qdot_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd, const int32_t *xs,
+                   int n_tokens, float *out);
 /* The same products on AMX int8 tiles (cpu/qdot_amx.c), a whole matmul at once:
  * y[t*N + r] = row r · token t (+ bias[r]) for N rows of row_bytes and any number of
  * tokens quantised as above; whether the processor and the kernel allow the tiles
@@ -81,7 +90,9 @@ struct kvl_backend {
   const char *name;                  /* "cpu-avx512", ... */
   const struct kvl_backend_ops *ops;
   const struct kvl__simd *simd;      /* CPU backend: the dispatched level */
-  /* CPU backend: int8-activation decode kernels (NULL where the level has none) */
+  /* CPU backend: int8-activation decode kernels (NULL where the level has none), and the
+   * quantiser of their activations (set wherever qdot or qmatmul is) */
+  void (*q8_act)(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
   int (*qdot)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd, const int32_t *xs,
               int n_tokens, float *out);
   int (*qdot1)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp, const float *xd,

@@ -45,14 +45,16 @@ static bool qdot_type(uint32_t t) {
  * weight rows with VNNI dot products. */
 /* The activations of n_tokens rows of K to int8 per 32 (codes, scales, sums of 16: the
  * layout kvl__q8_act documents), in three new arrays the caller frees. */
-static void q8_acts(const float *x, int64_t K, int n_tokens, int8_t **xq, float **xd, int32_t **xs) {
+static void q8_acts(const kvl_backend_t *be, const float *x, int64_t K, int n_tokens, int8_t **xq, float **xd,
+                    int32_t **xs) {
+  KVL_ASSERT(be->q8_act);
   *xq = malloc((size_t)n_tokens * (size_t)K);
   *xd = malloc((size_t)n_tokens * (size_t)(K / 32) * sizeof(float));
   *xs = malloc((size_t)n_tokens * (size_t)(K / 16) * sizeof(int32_t));
   KVL_ASSERT(*xq && *xd && *xs);
 #pragma omp parallel for schedule(static) if (n_tokens > 16)
   for (int t = 0; t < n_tokens; t++)
-    kvl__q8_act(x + (int64_t)t * K, K, *xq + (int64_t)t * K, *xd + (int64_t)t * (K / 32), *xs + (int64_t)t * (K / 16));
+    be->q8_act(x + (int64_t)t * K, K, *xq + (int64_t)t * K, *xd + (int64_t)t * (K / 32), *xs + (int64_t)t * (K / 16));
 }
 
 static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
@@ -61,7 +63,7 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
   int8_t *xq;
   float *xd;
   int32_t *xs;
-  q8_acts(x, K, n_tokens, &xq, &xd, &xs);
+  q8_acts(be, x, K, n_tokens, &xq, &xd, &xs);
   /* one token: its codes also in the order the format's kernel reads them (kvl__qdot1_*) */
   int8_t *xp = NULL;
   if (n_tokens == 1 && be->qdot1) {
@@ -142,6 +144,58 @@ static void blas_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
   }
 }
 
+/* Products on the levels with an outer-product kernel (kvl__simd.gemm_xt: AVX2), for every
+ * size: a token's result is the same bits alone or in any batch, so the level is its own
+ * exact twin. The activations are interleaved 16 tokens at a time once per product; the
+ * weights are dequantised a chunk of rows at a time (sized to stay in L2), and each chunk
+ * meets every group of tokens. */
+static void xt_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
+  const struct kvl__simd *s = S(be);
+  const int64_t K = w->cols, N = w->rows;
+  const size_t rb = kvl_row_size(w->type, (uint64_t)K);
+  const bool dense = w->type == KVL_TYPE_F32;
+  const int n_groups = (n_tokens + 15) / 16;
+  float *xg = aligned_alloc(64, (size_t)n_groups * (size_t)K * 16 * sizeof(float));
+  KVL_ASSERT(xg);
+#pragma omp parallel for schedule(static) if (n_groups > 1)
+  for (int g = 0; g < n_groups; g++) {
+    float *d = xg + (size_t)g * (size_t)K * 16;
+    for (int j = 0; j < 16; j++) {
+      const int t = 16 * g + j;
+      if (t < n_tokens)
+        for (int64_t k = 0; k < K; k++) d[k * 16 + j] = x[(int64_t)t * K + k];
+      else
+        for (int64_t k = 0; k < K; k++) d[k * 16 + j] = 0.0f;
+    }
+  }
+  int R = (int)((256 * 1024) / (K * (int64_t)sizeof(float))) / 6 * 6;
+  R = R < 6 ? 6 : R > 96 ? 96 : R;
+  const int64_t n_chunks = (N + R - 1) / R;
+#pragma omp parallel
+  {
+    float *wf = dense ? NULL : malloc((size_t)R * (size_t)K * sizeof(float));
+    KVL_ASSERT(dense || wf);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < n_chunks; c++) {
+      const int64_t r0 = c * R;
+      const int nr = (int)(N - r0 < R ? N - r0 : R);
+      const float *wt = dense ? (const float *)w->data + r0 * K : wf;
+      if (!dense)
+        for (int r = 0; r < nr; r++)
+          s->dequant(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb, wf + (size_t)r * K, K);
+      for (int g = 0; g < n_groups; g++) {
+        const int nt = n_tokens - 16 * g < 16 ? n_tokens - 16 * g : 16;
+        s->gemm_xt(wt, nr, xg + (size_t)g * (size_t)K * 16, nt, y + (int64_t)16 * g * N + r0, N, K);
+      }
+      if (w->bias)
+        for (int t = 0; t < n_tokens; t++)
+          for (int r = 0; r < nr; r++) y[(int64_t)t * N + r0 + r] += w->bias[r0 + r];
+    }
+    free(wf);
+  }
+  free(xg);
+}
+
 /* Batched decode and prefill on AMX int8 tiles: the activations to int8 as for the decode
  * kernels, then 16 weight rows x 16 tokens per tile product (cpu/qdot_amx.c). Each
  * token's result depends on its own activations only, so a prompt's cache does not
@@ -153,7 +207,7 @@ static int amx_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float
   int8_t *xq;
   float *xd;
   int32_t *xs;
-  q8_acts(x, K, n_tokens, &xq, &xd, &xs);
+  q8_acts(be, x, K, n_tokens, &xq, &xd, &xs);
   int rc = be->qmatmul(w->type, w->data, kvl_row_size(w->type, (uint64_t)K), N, K, xq, xd, xs, n_tokens, w->bias, y);
   free(xq);
   free(xd);
@@ -171,6 +225,10 @@ static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const floa
   }
   if (be->bf16_min_t && n_tokens >= be->bf16_min_t && w->pack && kvl__bf16_matmul(S(be), w, x, y, n_tokens) == 0)
     return;
+  if (S(be)->gemm_xt) {
+    xt_matmul(be, w, x, y, n_tokens);
+    return;
+  }
   if (n_tokens >= KVL__GEMM_MIN_T && be->simd != &kvl__simd_scalar) {
     blas_matmul(be, w, x, y, n_tokens);
     return;
@@ -194,8 +252,11 @@ static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const floa
         /* decode: dequantise one row into L1 and use it at once */
         for (int r = 0; r < nr; r++) {
           s->dequant(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb, wf, K);
-          for (int t = 0; t < n_tokens; t++)
-            y[(int64_t)t * N + r0 + r] = s->dot(wf, x + (int64_t)t * K, K) + (w->bias ? w->bias[r0 + r] : 0.0f);
+          for (int t = 0; t < n_tokens; t++) { /* gemm_tile's order: the bits of a larger batch */
+            float v;
+            s->gemm_tile(wf, 1, x + (int64_t)t * K, K, 1, &v, 1, K);
+            y[(int64_t)t * N + r0 + r] = v + (w->bias ? w->bias[r0 + r] : 0.0f);
+          }
         }
         continue;
       }
@@ -356,8 +417,11 @@ static const struct kvl_backend_ops cpu_ops = {
 
 static kvl_backend_t be_scalar = {.name = "cpu-scalar", .ops = &cpu_ops, .simd = &kvl__simd_scalar};
 static kvl_backend_t be_avx2 = {.name = "cpu-avx2", .ops = &cpu_ops, .simd = &kvl__simd_avx2};
+/* AVX2 with the int8-activation decode kernels (vpmaddubsw) for 1..16 tokens; fp32 above */
+static kvl_backend_t be_avx2int8 = {.name = "cpu-avx2-int8", .ops = &cpu_ops, .simd = &kvl__simd_avx2,
+                                    .qdot = kvl__qdot_avx2, .q8_act = kvl__q8_act_avx2};
 static kvl_backend_t be_avx512 = {.name = "cpu-avx512", .ops = &cpu_ops, .simd = &kvl__simd_avx512};
-#define VNNI_DECODE .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni, .qdot_vec = kvl__qdot_vec_avx512vnni
+#define VNNI_DECODE .q8_act = kvl__q8_act, .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni, .qdot_vec = kvl__qdot_vec_avx512vnni
 static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE};
 /* AMX int8 tiles for decode batches of 4 or more tokens on the four int8 formats (the
  * VNNI kernels below that: a tile product costs the same for 1 and 16 tokens, and at 4
@@ -367,6 +431,7 @@ static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops
 static kvl_backend_t be_amx = {.name = "cpu-amx-int8", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE,
                                .qmatmul = kvl__qmatmul_amx, .amx_min_t = 4};
 static kvl_backend_t be_amx_exact = {.name = "cpu-amx-int8-prefill", .ops = &cpu_ops, .simd = &kvl__simd_avx512,
+                                     .q8_act = kvl__q8_act,
                                      .qmatmul = kvl__qmatmul_amx, .amx_min_t = 1};
 /* bf16 GEMMs (oneDNN, AMX where present) for every product above the int8 decode sizes;
  * its exact twin (prefill chunks, the attention sink) takes bf16 for every size, so a
@@ -381,6 +446,10 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level) {
   if (!strcmp(level, "scalar")) return &be_scalar;
   if (!strcmp(level, "avx2"))
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &be_avx2 : NULL;
+  if (!strcmp(level, "avx2int8"))
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")
+               ? &be_avx2int8
+               : NULL;
   bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl");
   if (!strcmp(level, "avx512")) return avx512 ? &be_avx512 : NULL;
@@ -394,6 +463,7 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level) {
 kvl_backend_t *kvl_backend_exact(kvl_backend_t *be) {
   if (be == &be_avx512bf16) return &be_avx512bf16_exact;
   if (be == &be_amx) return &be_amx_exact;
+  if (be == &be_avx2int8) return &be_avx2;
   return be == &be_avx512vnni ? &be_avx512 : be;
 }
 
@@ -401,6 +471,7 @@ kvl_backend_t *kvl_backend_fp32(kvl_backend_t *be) {
   if (be == &be_avx512vnni || be == &be_amx || be == &be_amx_exact || be == &be_avx512bf16 ||
       be == &be_avx512bf16_exact)
     return &be_avx512;
+  if (be == &be_avx2int8) return &be_avx2;
   return be; /* scalar, avx2, avx512, the reference, other backends: fp32 already */
 }
 
@@ -416,6 +487,7 @@ kvl_backend_t *kvl_backend_cpu(void) {
   if (!be) be = kvl_backend_cpu_level("amx");
   if (!be) be = kvl_backend_cpu_level("avx512vnni");
   if (!be) be = kvl_backend_cpu_level("avx512");
+  if (!be) be = kvl_backend_cpu_level("avx2int8");
   if (!be) be = kvl_backend_cpu_level("avx2");
   if (!be) be = &be_scalar;
   chosen = be;

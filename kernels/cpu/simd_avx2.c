@@ -24,6 +24,15 @@ static float dot(const float *a, const float *b, int64_t n) {
   return s;
 }
 
+/* The products below give every (row, token) the same bits whatever the batch: one
+ * 8-lane accumulator over k in order, the same horizontal sum, then the scalar tail. So a
+ * prompt's cache does not depend on how its prefill was chunked (kvl_backend_exact). */
+static inline float finish(__m256 acc, const float *w, const float *x, int64_t k, int64_t K) {
+  float s = hsum8(acc);
+  for (; k < K; k++) s += w[k] * x[k];
+  return s;
+}
+
 /* 4 weight rows x 2 tokens: 8 accumulators, each weight load feeds 2 FMAs. */
 static void kernel_4x2(const float *w, int64_t K, const float *x0, const float *x1, float out[2][4]) {
   __m256 acc[2][4];
@@ -39,13 +48,17 @@ static void kernel_4x2(const float *w, int64_t K, const float *x0, const float *
     }
   }
   for (int r = 0; r < 4; r++) {
-    out[0][r] = hsum8(acc[0][r]);
-    out[1][r] = hsum8(acc[1][r]);
-    for (int64_t j = k; j < K; j++) {
-      out[0][r] += w[r * K + j] * x0[j];
-      out[1][r] += w[r * K + j] * x1[j];
-    }
+    out[0][r] = finish(acc[0][r], w + r * K, x0, k, K);
+    out[1][r] = finish(acc[1][r], w + r * K, x1, k, K);
   }
+}
+
+/* one row, one token, in the order of kernel_4x2 */
+static float dot_ordered(const float *w, const float *x, int64_t K) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), acc);
+  return finish(acc, w, x, k, K);
 }
 
 static void gemm_tile(const float *w, int nr, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, int64_t K) {
@@ -61,10 +74,71 @@ static void gemm_tile(const float *w, int nr, const float *x, int64_t ldx, int n
       }
     }
     for (; t < nt; t++)
-      for (int i = 0; i < 4; i++) y[t * ldy + r + i] = dot(w + (int64_t)(r + i) * K, x + t * ldx, K);
+      for (int i = 0; i < 4; i++) y[t * ldy + r + i] = dot_ordered(w + (int64_t)(r + i) * K, x + t * ldx, K);
   }
   for (; r < nr; r++)
-    for (int t = 0; t < nt; t++) y[t * ldy + r] = dot(w + (int64_t)r * K, x + t * ldx, K);
+    for (int t = 0; t < nt; t++) y[t * ldy + r] = dot_ordered(w + (int64_t)r * K, x + t * ldx, K);
+}
+
+/* ---- prefill products in outer-product form ------------------------------------------
+ *
+ * Tokens along the lanes: the activations of 16 tokens are interleaved per element
+ * (xg[k][16], kvl__simd.gemm_xt), a weight element is broadcast, and each (row, token)
+ * lane accumulates w[r][k] * x[t][k] by one FMA per k, in k order. A lane's arithmetic is
+ * the same in every kernel shape below, so a token gets the same bits alone or in any
+ * batch (no horizontal sums, no blocking of k), and the batch can be chunked anyhow. */
+
+/* NR rows (<= 6) x NV vectors of 8 tokens (1 or 2): 12 accumulators at most */
+static inline __attribute__((always_inline)) void xt_block(const float *w, int64_t K, const float *xg, float *y,
+                                                          int64_t ldy, int nt, const int NR, const int NV) {
+  __m256 acc[6][2];
+#pragma GCC unroll 6
+  for (int r = 0; r < NR; r++)
+    for (int v = 0; v < NV; v++) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k++) {
+    __m256 x0 = _mm256_loadu_ps(xg + 16 * k), x1 = NV > 1 ? _mm256_loadu_ps(xg + 16 * k + 8) : x0;
+  #pragma GCC unroll 6
+  for (int r = 0; r < NR; r++) {
+      __m256 b = _mm256_broadcast_ss(w + r * K + k);
+      acc[r][0] = _mm256_fmadd_ps(b, x0, acc[r][0]);
+      if (NV > 1) acc[r][1] = _mm256_fmadd_ps(b, x1, acc[r][1]);
+    }
+  }
+  float buf[16];
+#pragma GCC unroll 6
+  for (int r = 0; r < NR; r++) {
+    _mm256_storeu_ps(buf, acc[r][0]);
+    if (NV > 1) _mm256_storeu_ps(buf + 8, acc[r][1]);
+    for (int t = 0; t < nt; t++) y[t * ldy + r] = buf[t];
+  }
+}
+
+/* y[t*ldy + r] = sum_k w[r*K + k] * x_t[k] for r < nr, t < nt (<= 16), the tokens
+ * interleaved in xg[K][16] */
+static void gemm_xt(const float *w, int nr, const float *xg, int nt, float *y, int64_t ldy, int64_t K) {
+  for (int r = 0; r < nr; r += 6) {
+    const int n = nr - r < 6 ? nr - r : 6;
+    const float *wr = w + (int64_t)r * K;
+    if (nt > 8) {
+      switch (n) {
+      case 6: xt_block(wr, K, xg, y + r, ldy, nt, 6, 2); break;
+      case 5: xt_block(wr, K, xg, y + r, ldy, nt, 5, 2); break;
+      case 4: xt_block(wr, K, xg, y + r, ldy, nt, 4, 2); break;
+      case 3: xt_block(wr, K, xg, y + r, ldy, nt, 3, 2); break;
+      case 2: xt_block(wr, K, xg, y + r, ldy, nt, 2, 2); break;
+      default: xt_block(wr, K, xg, y + r, ldy, nt, 1, 2); break;
+      }
+    } else {
+      switch (n) {
+      case 6: xt_block(wr, K, xg, y + r, ldy, nt, 6, 1); break;
+      case 5: xt_block(wr, K, xg, y + r, ldy, nt, 5, 1); break;
+      case 4: xt_block(wr, K, xg, y + r, ldy, nt, 4, 1); break;
+      case 3: xt_block(wr, K, xg, y + r, ldy, nt, 3, 1); break;
+      case 2: xt_block(wr, K, xg, y + r, ldy, nt, 2, 1); break;
+      default: xt_block(wr, K, xg, y + r, ldy, nt, 1, 1); break;
+      }
+    }
+  }
 }
 
 static void axpy(float a, const float *x, float *y, int64_t n) {
@@ -81,4 +155,5 @@ static void scale(float a, float *y, int64_t n) {
   for (; i < n; i++) y[i] *= a;
 }
 
-const struct kvl__simd kvl__simd_avx2 = {"avx2", dot, gemm_tile, axpy, scale, kvl_dequant_row_ref, kvl__swiglu_scalar};
+const struct kvl__simd kvl__simd_avx2 = {"avx2", dot, gemm_tile, axpy, scale, kvl_dequant_row_ref, kvl__swiglu_scalar,
+                                         gemm_xt};

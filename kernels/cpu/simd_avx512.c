@@ -47,16 +47,66 @@ static void kernel_4x4(const float *w, int64_t K, const float *x, int64_t ldx, f
     for (int r = 0; r < 4; r++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[t][r]);
 }
 
+/* one row, one token, in the order of kernel_4x4 (one accumulator, the masked tail into
+ * it, one reduction): a (row, token) gets the same bits whatever the batch around it */
+static float dot_ordered(const float *w, const float *x, int64_t K) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), acc);
+  if (k < K) {
+    __mmask16 m = tail_mask(K - k);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + k), _mm512_maskz_loadu_ps(m, x + k), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
 static void gemm_tile(const float *w, int nr, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, int64_t K) {
   int r = 0;
   for (; r + 4 <= nr; r += 4) {
     int t = 0;
     for (; t + 4 <= nt; t += 4) kernel_4x4(w + (int64_t)r * K, K, x + t * ldx, ldx, y + t * ldy + r, ldy);
     for (; t < nt; t++)
-      for (int i = 0; i < 4; i++) y[t * ldy + r + i] = dot(w + (int64_t)(r + i) * K, x + t * ldx, K);
+      for (int i = 0; i < 4; i++) y[t * ldy + r + i] = dot_ordered(w + (int64_t)(r + i) * K, x + t * ldx, K);
   }
   for (; r < nr; r++)
-    for (int t = 0; t < nt; t++) y[t * ldy + r] = dot(w + (int64_t)r * K, x + t * ldx, K);
+    for (int t = 0; t < nt; t++) y[t * ldy + r] = dot_ordered(w + (int64_t)r * K, x + t * ldx, K);
+}
+
+/* Prefill products in outer-product form (kvl__simd.gemm_xt): 16 tokens in the lanes, a
+ * weight element broadcast, one FMA per k in k order for every (row, token); the same
+ * lane arithmetic in every shape, so a token's bits do not depend on its batch. */
+static inline __attribute__((always_inline)) void xt_block(const float *w, int64_t K, const float *xg, float *y,
+                                                          int64_t ldy, int nt, const int NR) {
+  __m512 acc[8];
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k++) {
+    __m512 x0 = _mm512_loadu_ps(xg + 16 * k);
+  #pragma GCC unroll 8
+  for (int r = 0; r < NR; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r * K + k]), x0, acc[r]);
+  }
+  float buf[16];
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; r++) {
+    _mm512_storeu_ps(buf, acc[r]);
+    for (int t = 0; t < nt; t++) y[t * ldy + r] = buf[t];
+  }
+}
+
+static void gemm_xt(const float *w, int nr, const float *xg, int nt, float *y, int64_t ldy, int64_t K) {
+  for (int r = 0; r < nr; r += 8) {
+    const float *wr = w + (int64_t)r * K;
+    switch (nr - r < 8 ? nr - r : 8) {
+    case 8: xt_block(wr, K, xg, y + r, ldy, nt, 8); break;
+    case 7: xt_block(wr, K, xg, y + r, ldy, nt, 7); break;
+    case 6: xt_block(wr, K, xg, y + r, ldy, nt, 6); break;
+    case 5: xt_block(wr, K, xg, y + r, ldy, nt, 5); break;
+    case 4: xt_block(wr, K, xg, y + r, ldy, nt, 4); break;
+    case 3: xt_block(wr, K, xg, y + r, ldy, nt, 3); break;
+    case 2: xt_block(wr, K, xg, y + r, ldy, nt, 2); break;
+    default: xt_block(wr, K, xg, y + r, ldy, nt, 1); break;
+    }
+  }
 }
 
 static void axpy(float a, const float *x, float *y, int64_t n) {
@@ -92,4 +142,5 @@ static void swiglu(const float *g, const float *u, float *y, int64_t n) {
   }
 }
 
-const struct kvl__simd kvl__simd_avx512 = {"avx512", dot, gemm_tile, axpy, scale, kvl__dequant_avx512, swiglu};
+const struct kvl__simd kvl__simd_avx512 = {"avx512", dot, gemm_tile, axpy, scale, kvl__dequant_avx512, swiglu,
+                                           gemm_xt};

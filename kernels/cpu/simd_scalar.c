@@ -34,4 +34,5 @@ void kvl__swiglu_scalar(const float *g, const float *u, float *y, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-const struct kvl__simd kvl__simd_scalar = {"scalar", dot, gemm_tile, axpy, scale, kvl_dequant_row_ref, kvl__swiglu_scalar};
+const struct kvl__simd kvl__simd_scalar = {"scalar", dot, gemm_tile, axpy, scale, kvl_dequant_row_ref, kvl__swiglu_scalar,
+                                           NULL};

@@ -90,6 +90,16 @@ static void test_matmul(kvl_backend_t *be) {
         CHECK(memcmp(y1, y + (size_t)(T - 1) * rows, (size_t)rows * sizeof(float)) == 0);
         free(y1);
       }
+      if (!int8 && !bf16) {
+        /* the fp32 products: a token's row is the same bits alone (through the exact twin,
+         * as prefill chunks and the attention sink run) as in the batch, first and last */
+        float *y1 = malloc((size_t)rows * sizeof(float));
+        kvl_matmul(kvl_backend_exact(be), &w, x, y1, 1);
+        CHECK(memcmp(y1, y, (size_t)rows * sizeof(float)) == 0);
+        kvl_matmul(kvl_backend_exact(be), &w, x + (size_t)(T - 1) * cols, y1, 1);
+        CHECK(memcmp(y1, y + (size_t)(T - 1) * rows, (size_t)rows * sizeof(float)) == 0);
+        free(y1);
+      }
       kvl_wpack_release(&slot);
       CHECK(slot.impl == NULL);
       if (int8 && rows * T >= 8) worst_i8 = fmax(worst_i8, nmse(y, yr, (size_t)T * rows));
@@ -308,6 +318,42 @@ static void test_qdot_vec(void) {
   }
 }
 
+/* The AVX2 activation quantiser gives the codes, scales and sums of the definition
+ * (d = max|x| / 127, q = x / d rounded to nearest even, sums of 16 codes), as the AVX-512
+ * one does: the two int8 levels read the same activations. */
+static void test_q8_act(void) {
+  if (!kvl_backend_cpu_level("avx2int8")) { printf("  (no AVX2: skipped)\n"); return; }
+  const int64_t K = 1536;
+  float *x = malloc((size_t)K * 4);
+  fill(x, (size_t)K, 3.0f);
+  x[7] = 0.0f, x[40] = -x[41]; /* a zero, and a block whose extreme is negative */
+  for (int i = 64; i < 96; i++) x[i] = 0.0f; /* an all-zero block: scale 0, codes 0 */
+  int8_t q[1536], qv[1536];
+  float d[48], dv[48];
+  int32_t s[96], sv[96];
+  kvl__q8_act_avx2(x, K, q, d, s);
+  for (int64_t b = 0; b < K / 32; b++) {
+    float amax = 0;
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
+    float id = amax > 0 ? 127.0f / amax : 0.0f;
+    CHECK(d[b] == amax / 127.0f);
+    for (int h = 0; h < 2; h++) {
+      int32_t sum = 0;
+      for (int i = 16 * h; i < 16 * h + 16; i++) {
+        int v = (int)nearbyintf(x[32 * b + i] * id);
+        CHECK_EQ_INT(q[32 * b + i], v);
+        sum += v;
+      }
+      CHECK_EQ_INT(s[2 * b + h], sum);
+    }
+  }
+  if (kvl_backend_cpu_level("avx512vnni")) {
+    kvl__q8_act(x, K, qv, dv, sv);
+    CHECK(memcmp(q, qv, sizeof(q)) == 0 && memcmp(d, dv, sizeof(d)) == 0 && memcmp(s, sv, sizeof(s)) == 0);
+  }
+  free(x);
+}
+
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -339,7 +385,7 @@ static void perf(kvl_backend_t *be) {
 }
 
 int main(int argc, char **argv) {
-  const char *levels[] = {"scalar", "avx2", "avx512", "avx512vnni", "amx", "avx512bf16"};
+  const char *levels[] = {"scalar", "avx2", "avx2int8", "avx512", "avx512vnni", "amx", "avx512bf16"};
   bool do_perf = argc > 1 && !strcmp(argv[1], "--perf");
   for (int i = 0; i < (int)(sizeof(levels) / sizeof(levels[0])); i++) {
     kvl_backend_t *be = kvl_backend_cpu_level(levels[i]);
@@ -357,6 +403,7 @@ int main(int argc, char **argv) {
   if (!do_perf) {
     RUN(test_kv);
     RUN(test_qdot_vec);
+    RUN(test_q8_act);
     printf("%d cases, %d failed; int8 decode path worst nmse %.2e; bf16 GEMM worst nmse %.2e\n", n_cases, n_bad,
            worst_i8, worst_bf16);
   }
