@@ -46,6 +46,10 @@ def main():
     ap.add_argument("--turn", type=int, default=32)
     ap.add_argument("--native-head", type=int, default=32,
                     help="translate_native_head: positions the target computes itself at the start (daemon default 32)")
+    ap.add_argument("--system", type=int, default=0,
+                    help="every history starts with the same N-token system prompt, written natively into both "
+                         "models once before timing (a deployment's shared prompt: both sides find it in their "
+                         "prefix cache); 0 = fresh histories with nothing shared but <|im_start|>")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--directions", default="small-to-large,large-to-small")
     ap.add_argument("--append", action="store_true",
@@ -90,8 +94,11 @@ def main():
 
     IM_START = 151644  # both models' <|im_start|>: a chat transcript's first token
 
-    def history(n):  # fresh, but starting as every chat transcript does
-        return [IM_START] + fresh(n - 1)
+    sys_rng = random.Random(7)
+    system = [IM_START] + [sys_rng.randrange(200, 150000) for _ in range(a.system - 1)] if a.system > 0 else []
+
+    def history(n):  # fresh, but starting as every chat transcript does (with the shared system prompt if any)
+        return system + fresh(n - len(system)) if system else [IM_START] + fresh(n - 1)
 
     def ttft(model, ids, conv="", reprefill=False):
         req = pb.GenerateRequest(tokens=pb.TokenIds(ids=ids), model=model, max_tokens=1, ignore_eos=True,
@@ -106,24 +113,25 @@ def main():
 
     dirs = {"small-to-large": (small, large), "large-to-small": (large, small)}
     for model in (small, large):  # untimed: first products repack weights (the bf16 level), fault pages in
-        ttft(model, history(64), reprefill=True)
+        ttft(model, history(64), reprefill=True)  # with --system: also leaves the system prompt in its prefix cache
     results = []
     for C in contexts:
         for name in a.directions.split(","):
             S, T = dirs[name]
-            tr, rp, usage = [], [], None
+            tr, rp, tx, usage = [], [], [], None
             for k in range(a.runs):
                 conv = f"bench-{C}-{name}-{k}-{rng.randrange(1 << 30)}"
                 hist = history(C)
                 ttft(S, hist, conv)  # S writes the history natively (not timed)
                 ms, last = ttft(T, hist + fresh(a.turn), conv)
                 tr.append(ms)
+                tx.append(last.timings.translation_seconds * 1e3)
                 usage = last.usage
                 ms2, last2 = ttft(T, history(C) + fresh(a.turn), reprefill=True)
                 rp.append(ms2)
                 print(f"  {S} -> {T}, {C} tokens: translated {ms:.0f} ms ({usage.translated_tokens} translated, "
-                      f"{usage.prefilled_tokens} prefilled), reprefill {ms2:.0f} ms "
-                      f"({last2.usage.prefilled_tokens} prefilled)", flush=True)
+                      f"{usage.prefilled_tokens} prefilled, {usage.cached_native_tokens} cached), reprefill {ms2:.0f} ms "
+                      f"({last2.usage.prefilled_tokens} prefilled, {last2.usage.cached_native_tokens} cached)", flush=True)
             ratios = [r / t for r, t in zip(rp, tr)]
             results.append({"model": T, "test": "switch-ttft", "direction": f"{S}->{T}", "context_tokens": C,
                             "turn_tokens": a.turn, "reprefill_ms": round(statistics.median(rp), 1),
@@ -132,8 +140,10 @@ def main():
                             "runs": a.runs, "sd": round(statistics.stdev(ratios), 2) if len(ratios) > 1 else 0,
                             "reprefill_sd_ms": round(statistics.stdev(rp), 1) if len(rp) > 1 else 0,
                             "translated_sd_ms": round(statistics.stdev(tr), 1) if len(tr) > 1 else 0,
+                            "translation_ms": round(statistics.median(tx), 1),  # of translated_ms: the daemon's own timing
                             "translated_positions": usage.translated_tokens,
                             "prefilled_positions": usage.prefilled_tokens, "native_head": a.native_head,
+                            "system_tokens": a.system, "cached_positions": usage.cached_native_tokens,
                             "cpu_level": os.environ.get("KVL_CPU") or "auto", "measured_at": "gRPC client"})
     d.terminate()
     d.wait(timeout=120)
@@ -141,9 +151,10 @@ def main():
     path = os.path.join(a.out, "switch-ttft.json")
     if a.append and os.path.exists(path):  # an earlier run's other lengths stay, with its command
         old = json.load(open(path))
-        mine = {(r["direction"], r["context_tokens"]) for r in results}
-        results = sorted([r for r in old["results"] if (r["direction"], r["context_tokens"]) not in mine] + results,
-                         key=lambda r: (r["context_tokens"], r["direction"]))
+        key = lambda r: (r["direction"], r["context_tokens"], r.get("system_tokens", 0))  # noqa: E731
+        mine = {key(r) for r in results}
+        results = sorted([r for r in old["results"] if key(r) not in mine] + results,
+                         key=lambda r: (r.get("system_tokens", 0), r["context_tokens"], r["direction"]))
         cmd = old["command"] + " ; " + cmd
     git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rep = {"benchmark": "switch-ttft", "git": git or "unknown",
@@ -167,10 +178,14 @@ def render(rep, a):
                 f"{rep['machine']['cores']} cores; `{rep['command']}`\n\n"
                 "Time to first token after a switch, at the gRPC client: the history was written by the other "
                 f"model, then a {turn}-token user turn. Medians (± sd) over the runs.\n\n"
-                "| direction | history tokens | runs | translated ms | re-prefill ms | speed-up |\n"
-                "|---|---|---|---|---|---|\n")
+                "`shared system prompt`: the history's first N tokens are a system prompt both models already "
+                "hold natively in their prefix cache (`--system N`), so neither side computes them; 0: a fresh "
+                "history.\n\n"
+                "| direction | history tokens | shared system prompt | runs | translated ms | re-prefill ms | speed-up |\n"
+                "|---|---|---|---|---|---|---|\n")
         for r in results:
-            f.write(f"| {r['direction']} | {r['context_tokens']} | {r['runs']} | {r['translated_ms']:.0f} ± "
+            f.write(f"| {r['direction']} | {r['context_tokens']} | {r.get('system_tokens', 0)} | {r['runs']} | "
+                    f"{r['translated_ms']:.0f} ± "
                     f"{r['translated_sd_ms']:.0f} | {r['reprefill_ms']:.0f} ± {r['reprefill_sd_ms']:.0f} | "
                     f"**{r['value']:.1f}×** |\n")
     try:
@@ -178,13 +193,17 @@ def render(rep, a):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-        for name in a.directions.split(","):
+        for name, sysn in [(n, k) for k in sorted({r.get("system_tokens", 0) for r in results})
+                           for n in a.directions.split(",")]:
             S, T = dirs[name]
-            rs = [r for r in results if r["direction"] == f"{S}->{T}"]
+            rs = [r for r in results if r["direction"] == f"{S}->{T}" and r.get("system_tokens", 0) == sysn]
+            if not rs:
+                continue
             xs = [r["context_tokens"] for r in rs]
-            ax[0].plot(xs, [r["reprefill_ms"] for r in rs], "o--", label=f"re-prefill in {T}")
-            ax[0].plot(xs, [r["translated_ms"] for r in rs], "o-", label=f"translate {S}→{T}")
-            ax[1].plot(xs, [r["value"] for r in rs], "o-", label=f"{S}→{T}")
+            tag = f", shared {sysn}-token system prompt" if sysn else ""
+            ax[0].plot(xs, [r["reprefill_ms"] for r in rs], "o--", label=f"re-prefill in {T}{tag}")
+            ax[0].plot(xs, [r["translated_ms"] for r in rs], "o-", label=f"translate {S}→{T}{tag}")
+            ax[1].plot(xs, [r["value"] for r in rs], "o-" if not sysn else "s:", label=f"{S}→{T}{tag}")
         for x in ax:
             x.set_xscale("log", base=2)
             x.set_xlabel("history tokens (written by the other model)")

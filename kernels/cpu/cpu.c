@@ -9,8 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cblas.h>
-
 #include "../backend-impl.h"
 #include "kvl_error.h"
 
@@ -109,41 +107,6 @@ static bool cpu_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype
   return op < KVL_OP_COUNT_;
 }
 
-/* Prefill-sized batches: dequantise a chunk of rows to fp32 and hand the product to
- * OpenBLAS (its OpenMP build: inside our parallel region it runs single-threaded, so the
- * process keeps one thread runtime and two threads). */
-#define KVL__GEMM_MIN_T 9    /* from this many tokens on */
-#define KVL__GEMM_ROWS 128   /* rows per chunk */
-
-static void blas_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
-  const struct kvl__simd *s = S(be);
-  const int64_t K = w->cols, N = w->rows;
-  const size_t rb = kvl_row_size(w->type, (uint64_t)K);
-  const bool dense = w->type == KVL_TYPE_F32;
-  const int64_t n_chunks = (N + KVL__GEMM_ROWS - 1) / KVL__GEMM_ROWS;
-#pragma omp parallel
-  {
-    float *wf = dense ? NULL : malloc((size_t)KVL__GEMM_ROWS * (size_t)K * sizeof(float));
-    KVL_ASSERT(dense || wf);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t c = 0; c < n_chunks; c++) {
-      int64_t r0 = c * KVL__GEMM_ROWS;
-      int nr = (int)(N - r0 < KVL__GEMM_ROWS ? N - r0 : KVL__GEMM_ROWS);
-      const float *wt = dense ? (const float *)w->data + r0 * K : wf;
-      if (!dense)
-        for (int r = 0; r < nr; r++)
-          s->dequant(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb, wf + (size_t)r * K, K);
-      /* y[:, r0:r0+nr] = x · wtᵀ */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tokens, nr, (int)K, 1.0f, x, (int)K, wt, (int)K, 0.0f,
-                  y + r0, (int)N);
-      if (w->bias)
-        for (int t = 0; t < n_tokens; t++)
-          for (int r = 0; r < nr; r++) y[(int64_t)t * N + r0 + r] += w->bias[r0 + r];
-    }
-    free(wf);
-  }
-}
-
 /* Products on the levels with an outer-product kernel (kvl__simd.gemm_xt: AVX2), for every
  * size: a token's result is the same bits alone or in any batch, so the level is its own
  * exact twin. The activations are interleaved 16 tokens at a time once per product; the
@@ -227,10 +190,6 @@ static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const floa
     return;
   if (S(be)->gemm_xt) {
     xt_matmul(be, w, x, y, n_tokens);
-    return;
-  }
-  if (n_tokens >= KVL__GEMM_MIN_T && be->simd != &kvl__simd_scalar) {
-    blas_matmul(be, w, x, y, n_tokens);
     return;
   }
   const struct kvl__simd *s = S(be);
