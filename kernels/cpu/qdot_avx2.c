@@ -75,22 +75,68 @@ struct acts { const int8_t *q; const float *d; const int32_t *s; int64_t K; };
 #define DA(a, t) ((a)->d + (int64_t)(t) * ((a)->K / 32))
 #define SA(a, t) ((a)->s + (int64_t)(t) * ((a)->K / 16))
 
+/* Eight vectors of 8 int32 lanes to one vector of their sums: lane i = the sum of v[i].
+ * The kernels below dot eight 32-element units per token, reduce them with this, and scale
+ * all eight with one multiply and one FMA: no per-unit float work, and one FMA per eight
+ * units in each token's dependency chain. */
+static inline __m256i hsum8x8(__m256i v0, __m256i v1, __m256i v2, __m256i v3, __m256i v4, __m256i v5, __m256i v6,
+                              __m256i v7) {
+  __m256i ab = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+  __m256i cd = _mm256_hadd_epi32(_mm256_hadd_epi32(v4, v5), _mm256_hadd_epi32(v6, v7));
+  /* ab: the 128-bit halves of v0..v3's sums; cd: of v4..v7 */
+  return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
+}
+
+/* A token's 16 sums of 16 (s16 of eight 32-element blocks) as eight sums of 32, in order */
+static inline __m256i sums32(const int32_t *s16) {
+  __m256i h = _mm256_hadd_epi32(_mm256_loadu_si256((const __m256i *)s16), _mm256_loadu_si256((const __m256i *)(s16 + 8)));
+  return _mm256_permute4x64_epi64(h, 0xD8);
+}
+
+/* eight fp16 block scales, `stride` bytes apart */
+static inline __m256 scales8(const uint8_t *w, int stride) {
+  uint16_t h[8];
+  for (int i = 0; i < 8; i++) memcpy(&h[i], w + i * stride, 2);
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
 static inline __attribute__((always_inline)) void dot_q8_0(const uint8_t *w, int64_t nb, const struct acts *a,
                                                           float *out, const int T) {
   __m256 acc[KVL__QDOT_MAX_T];
+  float tail[KVL__QDOT_MAX_T] = {0};
   for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; b++, w += 34) {
-    _mm_prefetch((const char *)w + 512, _MM_HINT_T0);
-    __m256i v = _mm256_loadu_si256((const __m256i *)(w + 2));
-    __m256i av = _mm256_sign_epi8(v, v);
-    float wd = h2f(w);
+  const __m256i one = _mm256_set1_epi16(1);
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8, w += 8 * 34) {
+    _mm_prefetch((const char *)w + 1024, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 1088, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 1152, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 1216, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 1280, _MM_HINT_T0);
+    __m256i v[8], av[8];
+    for (int i = 0; i < 8; i++) {
+      v[i] = _mm256_loadu_si256((const __m256i *)(w + 34 * i + 2));
+      av[i] = _mm256_sign_epi8(v[i], v[i]);
+    }
+    const __m256 wd = scales8(w, 34);
     for (int t = 0; t < T; t++) {
-      __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(QA(a, t) + 32 * b)), v);
-      __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(av, x), _mm256_set1_epi16(1));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(wd * DA(a, t)[b]), acc[t]);
+      const int8_t *x = QA(a, t) + 32 * b;
+      __m256i p[8];
+      for (int i = 0; i < 8; i++)
+        p[i] = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(av[i], _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x + 32 * i)), v[i])), one);
+      __m256i sum = hsum8x8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(wd, _mm256_loadu_ps(DA(a, t) + b)), acc[t]);
     }
   }
-  for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
+  for (; b < nb; b++, w += 34) { /* the last blocks of a row of fewer than 8 */
+    __m256i v = _mm256_loadu_si256((const __m256i *)(w + 2)), av = _mm256_sign_epi8(v, v);
+    for (int t = 0; t < T; t++) {
+      __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(QA(a, t) + 32 * b)), v);
+      tail[t] += (float)hsum8_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(av, x), one)) * (h2f(w) * DA(a, t)[b]);
+    }
+  }
+  for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) + tail[t];
 }
 
 /* Q5_0's 32 fifth bits (bit j of qh for element j) as bytes 0x10 or 0 */
@@ -103,108 +149,136 @@ static inline __m256i q5_high_bits(uint32_t qh) {
   return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
+/* one Q5_0 block's 32 unsigned codes (0..31) */
+static inline __m256i q5_0_codes(const uint8_t *w) {
+  uint32_t qh;
+  memcpy(&qh, w + 2, 4);
+  __m128i qs = _mm_loadu_si128((const __m128i *)(w + 6));
+  __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(0x0f));
+  return _mm256_or_si256(u, q5_high_bits(qh));
+}
+
 static inline __attribute__((always_inline)) void dot_q5_0(const uint8_t *w, int64_t nb, const struct acts *a,
                                                           float *out, const int T) {
   __m256 acc[KVL__QDOT_MAX_T];
-  float corr[KVL__QDOT_MAX_T] = {0};
+  float tail[KVL__QDOT_MAX_T] = {0};
   for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
-  const __m256i lo4 = _mm256_set1_epi8(0x0f);
-  for (int64_t b = 0; b < nb; b++, w += 22) {
-    _mm_prefetch((const char *)w + 384, _MM_HINT_T0);
-    uint32_t qh;
-    memcpy(&qh, w + 2, 4);
-    __m128i qs = _mm_loadu_si128((const __m128i *)(w + 6));
-    __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), lo4);
-    u = _mm256_or_si256(u, q5_high_bits(qh));
-    float wd = h2f(w);
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8, w += 8 * 22) {
+    _mm_prefetch((const char *)w + 704, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 768, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + 832, _MM_HINT_T0);
+    __m256i u[8];
+    for (int i = 0; i < 8; i++) u[i] = q5_0_codes(w + 22 * i);
+    const __m256 wd = scales8(w, 22);
     for (int t = 0; t < T; t++) {
-      float f = wd * DA(a, t)[b];
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(u, QA(a, t) + 32 * b)), _mm256_set1_ps(f), acc[t]);
-      corr[t] += f * (float)(SA(a, t)[2 * b] + SA(a, t)[2 * b + 1]);
+      const int8_t *x = QA(a, t) + 32 * b;
+      __m256i sum = hsum8x8(dot32(u[0], x), dot32(u[1], x + 32), dot32(u[2], x + 64), dot32(u[3], x + 96),
+                            dot32(u[4], x + 128), dot32(u[5], x + 160), dot32(u[6], x + 192), dot32(u[7], x + 224));
+      /* the offset 16 in integers: sum (u - 16) x = sum u x - 16 sum x */
+      sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(sums32(SA(a, t) + 2 * b), 4));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(wd, _mm256_loadu_ps(DA(a, t) + b)), acc[t]);
     }
   }
-  for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) - 16.0f * corr[t];
+  for (; b < nb; b++, w += 22) {
+    __m256i u = q5_0_codes(w);
+    for (int t = 0; t < T; t++) {
+      int32_t dot = hsum8_i32(dot32(u, QA(a, t) + 32 * b)) - 16 * (SA(a, t)[2 * b] + SA(a, t)[2 * b + 1]);
+      tail[t] += (float)dot * (h2f(w) * DA(a, t)[b]);
+    }
+  }
+  for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) + tail[t];
 }
 
-/* Q4_K's 6-bit scale and minimum of sub-block j (0..7) from the 12 packed bytes */
-static inline void q4_k_scale_min(int j, const uint8_t *q, int *s, int *m) {
-  if (j < 4) {
-    *s = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *s = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
+/* Q4_K's eight 6-bit scales and minimums of a super-block, from its 12 packed bytes, as
+ * floats in sub-block order (sub-blocks 0-3 keep their low 6 bits in bytes 0-3 / 4-7;
+ * 4-7 take 4 bits from bytes 8-11 and their top 2 from the high bits of bytes 0-3 / 4-7) */
+static inline void q4_k_scales8(const uint8_t *sc, __m256 *s, __m256 *m) {
+  uint32_t a, b, c;
+  memcpy(&a, sc, 4);
+  memcpy(&b, sc + 4, 4);
+  memcpy(&c, sc + 8, 4);
+  const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, lo2 = 0x03030303u;
+  uint32_t s_lo = a & lo6, m_lo = b & lo6;
+  uint32_t s_hi = (c & lo4) | (((a >> 6) & lo2) << 4), m_hi = ((c >> 4) & lo4) | (((b >> 6) & lo2) << 4);
+  *s = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)s_hi, (int)s_lo)));
+  *m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo)));
 }
 
 static inline __attribute__((always_inline)) void dot_q4_k(const uint8_t *w, int64_t nb, const struct acts *a,
                                                           float *out, const int T) {
   __m256 acc[KVL__QDOT_MAX_T];
-  float mins[KVL__QDOT_MAX_T] = {0};
   for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
   const __m256i lo4 = _mm256_set1_epi8(0x0f);
   for (int64_t b = 0; b < nb; b++, w += 144) {
     _mm_prefetch((const char *)w + 576, _MM_HINT_T1); /* 4 blocks ahead */
     _mm_prefetch((const char *)w + 640, _MM_HINT_T1);
     _mm_prefetch((const char *)w + 704, _MM_HINT_T1);
-    float d = h2f(w), dmin = h2f(w + 2);
-    const uint8_t *sc = w + 4, *qs = w + 16;
+    __m256 sc, mn;
+    q4_k_scales8(w + 4, &sc, &mn);
+    sc = _mm256_mul_ps(sc, _mm256_set1_ps(h2f(w)));
+    mn = _mm256_mul_ps(mn, _mm256_set1_ps(h2f(w + 2)));
+    const uint8_t *qs = w + 16;
+    __m256i u[8]; /* sub-block 2j: low nibbles of qs[32j..], 2j+1: high nibbles */
     for (int j = 0; j < 4; j++) {
       __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-      __m256i u0 = _mm256_and_si256(q, lo4), u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
-      int s0, m0, s1, m1;
-      q4_k_scale_min(2 * j, sc, &s0, &m0);
-      q4_k_scale_min(2 * j + 1, sc, &s1, &m1);
-      float f0 = d * (float)s0, f1 = d * (float)s1, g0 = dmin * (float)m0, g1 = dmin * (float)m1;
-      for (int t = 0; t < T; t++) {
-        const float *xd = DA(a, t) + 8 * b + 2 * j;
-        const int32_t *xs = SA(a, t) + 16 * b + 4 * j;
-        const int8_t *x = QA(a, t) + 256 * b + 64 * j;
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(u0, x)), _mm256_set1_ps(f0 * xd[0]), acc[t]);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(u1, x + 32)), _mm256_set1_ps(f1 * xd[1]), acc[t]);
-        mins[t] += g0 * xd[0] * (float)(xs[0] + xs[1]) + g1 * xd[1] * (float)(xs[2] + xs[3]);
-      }
+      u[2 * j] = _mm256_and_si256(q, lo4);
+      u[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
+    }
+    for (int t = 0; t < T; t++) {
+      const int8_t *x = QA(a, t) + 256 * b;
+      __m256i sum = hsum8x8(dot32(u[0], x), dot32(u[1], x + 32), dot32(u[2], x + 64), dot32(u[3], x + 96),
+                            dot32(u[4], x + 128), dot32(u[5], x + 160), dot32(u[6], x + 192), dot32(u[7], x + 224));
+      const __m256 xd = _mm256_loadu_ps(DA(a, t) + 8 * b);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(sc, xd), acc[t]);
+      acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(sums32(SA(a, t) + 16 * b)), _mm256_mul_ps(mn, xd), acc[t]);
     }
   }
-  for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) - mins[t];
+  for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
 }
 
 static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *w, int64_t nb, const struct acts *a,
                                                           float *out, const int T) {
   __m256 acc[KVL__QDOT_MAX_T];
-  float corr[KVL__QDOT_MAX_T] = {0};
   for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
   const __m256i lo4 = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
   for (int64_t b = 0; b < nb; b++, w += 210) {
     for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 630 + o, _MM_HINT_T1); /* 3 blocks ahead */
-    float d = h2f(w + 208);
-    for (int n = 0; n < 2; n++) { /* halves of 128 elements */
+    const __m256 d = _mm256_set1_ps(h2f(w + 208));
+    const int8_t *sc = (const int8_t *)(w + 192);
+    /* element 128n + 32k + l (l < 32) of unit 4n + k: a nibble of ql and two bits of qh[l] */
+    __m256i u[8];
+    for (int n = 0; n < 2; n++) {
       const uint8_t *ql = w + 64 * n, *qh = w + 128 + 32 * n;
-      const int8_t *sc = (const int8_t *)(w + 192) + 8 * n;
       __m256i la = _mm256_loadu_si256((const __m256i *)ql), lb = _mm256_loadu_si256((const __m256i *)(ql + 32));
       __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-      /* element 128n + 32k + l (l < 32): a nibble of ql and two bits of qh[l] */
-      __m256i u[4];
-      u[0] = _mm256_or_si256(_mm256_and_si256(la, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 4), hi2));
-      u[1] = _mm256_or_si256(_mm256_and_si256(lb, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 2), hi2));
-      u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), lo4), _mm256_and_si256(h, hi2));
-      u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), lo4),
-                             _mm256_and_si256(_mm256_srli_epi16(h, 2), hi2));
-      for (int k = 0; k < 4; k++) {
-        /* groups of 16: elements 0-15 scale sc[2k], 16-31 sc[2k+1] (int16 lanes 0-7, 8-15) */
-        __m256i gs = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
-        for (int t = 0; t < T; t++) {
-          const int64_t blk = 8 * b + 4 * n + k; /* the activation block of 32 */
-          __m256i p = _mm256_maddubs_epi16(u[k], _mm256_loadu_si256((const __m256i *)(QA(a, t) + 32 * blk)));
-          float f = d * DA(a, t)[blk];
-          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, gs)), _mm256_set1_ps(f), acc[t]);
-          const int32_t *xs = SA(a, t) + 2 * blk;
-          corr[t] += f * (float)(sc[2 * k] * xs[0] + sc[2 * k + 1] * xs[1]);
-        }
-      }
+      u[4 * n] = _mm256_or_si256(_mm256_and_si256(la, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 4), hi2));
+      u[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(lb, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 2), hi2));
+      u[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), lo4), _mm256_and_si256(h, hi2));
+      u[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), lo4),
+                                     _mm256_and_si256(_mm256_srli_epi16(h, 2), hi2));
+    }
+    /* the 16 group scales: unit i's elements 0-15 take sc[2i], 16-31 sc[2i+1] (int16 lanes
+     * 0-7 and 8-15 of its pair sums) */
+    __m256i gs[8];
+    for (int i = 0; i < 8; i++) gs[i] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * i + 1]), _mm_set1_epi16(sc[2 * i]));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+    for (int t = 0; t < T; t++) {
+      const int8_t *x = QA(a, t) + 256 * b;
+      __m256i p[8];
+      for (int i = 0; i < 8; i++)
+        p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], _mm256_loadu_si256((const __m256i *)(x + 32 * i))), gs[i]);
+      __m256i sum = hsum8x8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
+      /* the offset 32 in integers: unit i's correction sc[2i] s16[2i] + sc[2i+1] s16[2i+1] */
+      const int32_t *s16 = SA(a, t) + 16 * b;
+      __m256i xs16 = _mm256_permute4x64_epi64(
+          _mm256_packs_epi32(_mm256_loadu_si256((const __m256i *)s16), _mm256_loadu_si256((const __m256i *)(s16 + 8))),
+          0xD8);
+      sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(sc16, xs16), 5));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_loadu_ps(DA(a, t) + 8 * b)), acc[t]);
     }
   }
-  for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) - 32.0f * corr[t];
+  for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
 }
 
 /* One instance per token count, so each kernel's token loop is unrolled. */
