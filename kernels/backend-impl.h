@@ -34,6 +34,7 @@ struct kvl__simd {
 };
 
 int kvl__dequant_avx512(uint32_t type, const void *src, float *dst, int64_t n);
+int kvl__dequant_avx2(uint32_t type, const void *src, float *dst, int64_t n);
 void kvl__swiglu_scalar(const float *g, const float *u, float *y, int64_t n);
 
 /* Decode path with int8 activations (cpu/qdot_avx512.c, AVX-512 VNNI): quantise one row

@@ -155,5 +155,5 @@ static void scale(float a, float *y, int64_t n) {
   for (; i < n; i++) y[i] *= a;
 }
 
-const struct kvl__simd kvl__simd_avx2 = {"avx2", dot, gemm_tile, axpy, scale, kvl_dequant_row_ref, kvl__swiglu_scalar,
+const struct kvl__simd kvl__simd_avx2 = {"avx2", dot, gemm_tile, axpy, scale, kvl__dequant_avx2, kvl__swiglu_scalar,
                                          gemm_xt};
