@@ -1,9 +1,11 @@
-/* cpu.c — the CPU backend: OpenMP across rows/tokens/heads, SIMD primitives chosen at
- * run time (AVX-512F, AVX2+FMA, or portable C), forceable with KVL_CPU=level.
+/* cpu.c — the CPU backend: OpenMP across rows/tokens/heads, SIMD levels chosen at run
+ * time (AMX int8, AVX-512 VNNI, AVX-512F, AVX2 with or without its int8 kernels, portable
+ * C), forceable with KVL_CPU=level.
  *
- * Matmul dequantises a tile of KVL__ROWS weight rows to fp32 once per call and reuses it
- * for every token, so prefill pays the dequantisation once per weight; decode (one
- * token) is bound by it. Faster quantised paths come with the cpu-perf work. */
+ * A matmul takes, in this order: AMX int8 tiles (batches from amx_min_t tokens), the int8
+ * decode kernels (up to 16 tokens), bf16 GEMMs through oneDNN (the avx512bf16 level), or
+ * fp32: weights dequantised a chunk of rows at a time, then the level's outer-product
+ * kernel (gemm_xt, batch-invariant) or, on the portable level, gemm_tile. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
