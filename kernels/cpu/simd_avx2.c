@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include "../backend-impl.h"
+#include "vmath_avx2.h"
 
 static inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -155,5 +156,17 @@ static void scale(float a, float *y, int64_t n) {
   for (; i < n; i++) y[i] *= a;
 }
 
-const struct kvl__simd kvl__simd_avx2 = {"avx2", dot, gemm_tile, axpy, scale, kvl__dequant_avx2, kvl__swiglu_scalar,
+/* silu(g) * u = g / (1 + e^-g) * u, with the vector exp */
+static void swiglu(const float *g, const float *u, float *y, int64_t n) {
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    __m256 gv = _mm256_loadu_ps(g + i);
+    __m256 e = kvl__exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+  }
+  if (i < n) kvl__swiglu_scalar(g + i, u + i, y + i, n - i);
+}
+
+const struct kvl__simd kvl__simd_avx2 = {"avx2", dot, gemm_tile, axpy, scale, kvl__dequant_avx2, swiglu,
                                          gemm_xt};
