@@ -76,6 +76,10 @@ int kvl__qmatmul_amx(uint32_t type, const void *w, size_t row_bytes, int64_t N, 
 bool kvl__attention_avx512_fits(const struct kvl_attn_args *a);
 void kvl__attention_avx512(const struct kvl_attn_args *a);
 
+/* The same tiling on AVX2 (cpu/attn_avx2.c): head_dim a multiple of 8, at most 512. */
+bool kvl__attention_avx2_fits(const struct kvl_attn_args *a);
+void kvl__attention_avx2(const struct kvl_attn_args *a);
+
 extern const struct kvl__simd kvl__simd_scalar;
 extern const struct kvl__simd kvl__simd_avx2;
 extern const struct kvl__simd kvl__simd_avx512;

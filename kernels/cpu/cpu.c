@@ -295,6 +295,10 @@ static void cpu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
     kvl__attention_avx512(a);
     return;
   }
+  if (s == &kvl__simd_avx2 && kvl__attention_avx2_fits(a)) {
+    kvl__attention_avx2(a);
+    return;
+  }
   const struct kvl_kv_layout *l = a->kv;
   const int d = l->head_dim, kvw = l->n_kv_head * d, group = a->n_head / l->n_kv_head;
   const int n_items = a->n_tokens * l->n_kv_head;
