@@ -27,10 +27,13 @@ struct kvl__simd {
   /* dequantise n elements of a row (bit-identical to kvl_dequant_row_ref) */
   int (*dequant)(uint32_t type, const void *src, float *dst, int64_t n);
   void (*swiglu)(const float *g, const float *u, float *y, int64_t n); /* y = silu(g) * u */
-  /* Optional: y[t*ldy + r] = sum_k w[r*K + k] * x_t[k] for r < nr, t < nt <= 16, with the
-   * tokens interleaved (xg[k*16 + t]), in outer-product form: a (row, token) gets the same
-   * bits in every batch. Where a level has it, the matmul takes it for every size. */
-  void (*gemm_xt)(const float *w, int nr, const float *xg, int nt, float *y, int64_t ldy, int64_t K);
+  /* Optional: y[t*ldy + r] (+)= sum_k w[r*ldw + k] * x_t[k] for r < nr, t < nt <= 16, k < K,
+   * with the tokens interleaved (xg[k*16 + t]), in outer-product form: a (row, token) gets
+   * the same bits in every batch. `more`: continue the sums already in y (a product split
+   * over ranges of k gives the bits of the whole). Where a level has it, the matmul takes
+   * it for every size. */
+  void (*gemm_xt)(const float *w, int64_t ldw, int nr, const float *xg, int nt, float *y, int64_t ldy, int64_t K,
+                  bool more);
 };
 
 int kvl__dequant_avx512(uint32_t type, const void *src, float *dst, int64_t n);

@@ -7,6 +7,7 @@
  * fp32: weights dequantised a chunk of rows at a time, then the level's outer-product
  * kernel (gemm_xt, batch-invariant) or, on the portable level, gemm_tile. */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,15 +110,23 @@ static bool cpu_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype
   return op < KVL_OP_COUNT_;
 }
 
-/* Products on the levels with an outer-product kernel (kvl__simd.gemm_xt: AVX2), for every
- * size: a token's result is the same bits alone or in any batch, so the level is its own
- * exact twin. The activations are interleaved 16 tokens at a time once per product; the
- * weights are dequantised a chunk of rows at a time (sized to stay in L2), and each chunk
- * meets every group of tokens. */
+/* Products on the levels with an outer-product kernel (kvl__simd.gemm_xt: AVX2, AVX-512F),
+ * for every size: a token's result is the same bits alone or in any batch, so the level
+ * is its own exact twin. The activations are interleaved 16 tokens at a time once per
+ * product. The weights go by chunks of R rows and ranges of KVL__XT_K elements: each
+ * (chunk, range) is dequantised into a buffer that stays in L2 and meets every group of
+ * tokens, the sums carried across ranges in y (exact), so the activations are re-read
+ * once per chunk of rows, not once per handful of rows. */
+#define KVL__XT_K 1024  /* elements per range of k (a multiple of every block size) */
+#define KVL__XT_ROWS 96 /* rows per chunk at most: 96 x 1024 fp32 = 384 KiB */
+
 static void xt_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
   const struct kvl__simd *s = S(be);
   const int64_t K = w->cols, N = w->rows;
   const size_t rb = kvl_row_size(w->type, (uint64_t)K);
+  const struct kvl_type_traits *tr = kvl_type_traits(w->type);
+  const int64_t bs = tr->blck;
+  const size_t bb = tr->type_size;
   const bool dense = w->type == KVL_TYPE_F32;
   const int n_groups = (n_tokens + 15) / 16;
   float *xg = aligned_alloc(64, (size_t)n_groups * (size_t)K * 16 * sizeof(float));
@@ -133,24 +142,37 @@ static void xt_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float
         for (int64_t k = 0; k < K; k++) d[k * 16 + j] = 0.0f;
     }
   }
-  int R = (int)((256 * 1024) / (K * (int64_t)sizeof(float))) / 6 * 6;
-  R = R < 6 ? 6 : R > 96 ? 96 : R;
+  /* chunks: at most KVL__XT_ROWS rows, and at least 4 per thread when the matrix is short */
+  int R = KVL__XT_ROWS;
+  const int per = (int)(N / (4 * omp_get_max_threads())) / 6 * 6;
+  if (per < R) R = per < 6 ? 6 : per;
   const int64_t n_chunks = (N + R - 1) / R;
+  const int64_t kr = KVL__XT_K / bs * bs > 0 ? KVL__XT_K / bs * bs : bs; /* ranges of whole blocks */
 #pragma omp parallel
   {
-    float *wf = dense ? NULL : malloc((size_t)R * (size_t)K * sizeof(float));
+    float *wf = dense ? NULL : malloc((size_t)R * (size_t)kr * sizeof(float));
     KVL_ASSERT(dense || wf);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t c = 0; c < n_chunks; c++) {
       const int64_t r0 = c * R;
       const int nr = (int)(N - r0 < R ? N - r0 : R);
-      const float *wt = dense ? (const float *)w->data + r0 * K : wf;
-      if (!dense)
-        for (int r = 0; r < nr; r++)
-          s->dequant(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb, wf + (size_t)r * K, K);
-      for (int g = 0; g < n_groups; g++) {
-        const int nt = n_tokens - 16 * g < 16 ? n_tokens - 16 * g : 16;
-        s->gemm_xt(wt, nr, xg + (size_t)g * (size_t)K * 16, nt, y + (int64_t)16 * g * N + r0, N, K);
+      for (int64_t k0 = 0; k0 < K; k0 += kr) {
+        const int64_t kn = K - k0 < kr ? K - k0 : kr;
+        const float *wt;
+        int64_t ldw;
+        if (dense) {
+          wt = (const float *)w->data + r0 * K + k0, ldw = K;
+        } else {
+          for (int r = 0; r < nr; r++)
+            s->dequant(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb + (size_t)(k0 / bs) * bb,
+                       wf + (size_t)r * kn, kn);
+          wt = wf, ldw = kn;
+        }
+        for (int g = 0; g < n_groups; g++) {
+          const int nt = n_tokens - 16 * g < 16 ? n_tokens - 16 * g : 16;
+          s->gemm_xt(wt, ldw, nr, xg + (size_t)g * (size_t)K * 16 + (size_t)k0 * 16, nt, y + (int64_t)16 * g * N + r0,
+                     N, kn, k0 > 0);
+        }
       }
       if (w->bias)
         for (int t = 0; t < n_tokens; t++)

@@ -89,23 +89,30 @@ static void gemm_tile(const float *w, int nr, const float *x, int64_t ldx, int n
  * the same in every kernel shape below, so a token gets the same bits alone or in any
  * batch (no horizontal sums, no blocking of k), and the batch can be chunked anyhow. */
 
-/* NR rows (<= 6) x NV vectors of 8 tokens (1 or 2): 12 accumulators at most */
-static inline __attribute__((always_inline)) void xt_block(const float *w, int64_t K, const float *xg, float *y,
-                                                          int64_t ldy, int nt, const int NR, const int NV) {
+/* NR rows (<= 6) x NV vectors of 8 tokens (1 or 2): 12 accumulators at most. With `more`
+ * the accumulators start from y (an earlier range of k: fp32 stores and loads are exact,
+ * so splitting k changes no bit). */
+static inline __attribute__((always_inline)) void xt_block(const float *w, int64_t ldw, int64_t K, const float *xg,
+                                                          float *y, int64_t ldy, int nt, bool more, const int NR,
+                                                          const int NV) {
   __m256 acc[6][2];
+  float buf[16] = {0};
 #pragma GCC unroll 6
-  for (int r = 0; r < NR; r++)
-    for (int v = 0; v < NV; v++) acc[r][v] = _mm256_setzero_ps();
+  for (int r = 0; r < NR; r++) {
+    if (more)
+      for (int t = 0; t < nt; t++) buf[t] = y[t * ldy + r];
+    acc[r][0] = _mm256_loadu_ps(buf);
+    if (NV > 1) acc[r][1] = _mm256_loadu_ps(buf + 8);
+  }
   for (int64_t k = 0; k < K; k++) {
     __m256 x0 = _mm256_loadu_ps(xg + 16 * k), x1 = NV > 1 ? _mm256_loadu_ps(xg + 16 * k + 8) : x0;
-  #pragma GCC unroll 6
-  for (int r = 0; r < NR; r++) {
-      __m256 b = _mm256_broadcast_ss(w + r * K + k);
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) {
+      __m256 b = _mm256_broadcast_ss(w + r * ldw + k);
       acc[r][0] = _mm256_fmadd_ps(b, x0, acc[r][0]);
       if (NV > 1) acc[r][1] = _mm256_fmadd_ps(b, x1, acc[r][1]);
     }
   }
-  float buf[16];
 #pragma GCC unroll 6
   for (int r = 0; r < NR; r++) {
     _mm256_storeu_ps(buf, acc[r][0]);
@@ -114,30 +121,25 @@ static inline __attribute__((always_inline)) void xt_block(const float *w, int64
   }
 }
 
-/* y[t*ldy + r] = sum_k w[r*K + k] * x_t[k] for r < nr, t < nt (<= 16), the tokens
- * interleaved in xg[K][16] */
-static void gemm_xt(const float *w, int nr, const float *xg, int nt, float *y, int64_t ldy, int64_t K) {
+#define XT_ROWS(NV)                                                                                             \
+  switch (n) {                                                                                                  \
+  case 6: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 6, NV); break;                                         \
+  case 5: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 5, NV); break;                                         \
+  case 4: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 4, NV); break;                                         \
+  case 3: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 3, NV); break;                                         \
+  case 2: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 2, NV); break;                                         \
+  default: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 1, NV); break;                                        \
+  }
+
+static void gemm_xt(const float *w, int64_t ldw, int nr, const float *xg, int nt, float *y, int64_t ldy, int64_t K,
+                    bool more) {
   for (int r = 0; r < nr; r += 6) {
     const int n = nr - r < 6 ? nr - r : 6;
-    const float *wr = w + (int64_t)r * K;
+    const float *wr = w + (int64_t)r * ldw;
     if (nt > 8) {
-      switch (n) {
-      case 6: xt_block(wr, K, xg, y + r, ldy, nt, 6, 2); break;
-      case 5: xt_block(wr, K, xg, y + r, ldy, nt, 5, 2); break;
-      case 4: xt_block(wr, K, xg, y + r, ldy, nt, 4, 2); break;
-      case 3: xt_block(wr, K, xg, y + r, ldy, nt, 3, 2); break;
-      case 2: xt_block(wr, K, xg, y + r, ldy, nt, 2, 2); break;
-      default: xt_block(wr, K, xg, y + r, ldy, nt, 1, 2); break;
-      }
+      XT_ROWS(2)
     } else {
-      switch (n) {
-      case 6: xt_block(wr, K, xg, y + r, ldy, nt, 6, 1); break;
-      case 5: xt_block(wr, K, xg, y + r, ldy, nt, 5, 1); break;
-      case 4: xt_block(wr, K, xg, y + r, ldy, nt, 4, 1); break;
-      case 3: xt_block(wr, K, xg, y + r, ldy, nt, 3, 1); break;
-      case 2: xt_block(wr, K, xg, y + r, ldy, nt, 2, 1); break;
-      default: xt_block(wr, K, xg, y + r, ldy, nt, 1, 1); break;
-      }
+      XT_ROWS(1)
     }
   }
 }

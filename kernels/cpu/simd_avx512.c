@@ -75,17 +75,21 @@ static void gemm_tile(const float *w, int nr, const float *x, int64_t ldx, int n
 /* Prefill products in outer-product form (kvl__simd.gemm_xt): 16 tokens in the lanes, a
  * weight element broadcast, one FMA per k in k order for every (row, token); the same
  * lane arithmetic in every shape, so a token's bits do not depend on its batch. */
-static inline __attribute__((always_inline)) void xt_block(const float *w, int64_t K, const float *xg, float *y,
-                                                          int64_t ldy, int nt, const int NR) {
+static inline __attribute__((always_inline)) void xt_block(const float *w, int64_t ldw, int64_t K, const float *xg,
+                                                          float *y, int64_t ldy, int nt, bool more, const int NR) {
   __m512 acc[8];
+  float buf[16] = {0};
 #pragma GCC unroll 8
-  for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+  for (int r = 0; r < NR; r++) {
+    if (more)
+      for (int t = 0; t < nt; t++) buf[t] = y[t * ldy + r];
+    acc[r] = _mm512_loadu_ps(buf);
+  }
   for (int64_t k = 0; k < K; k++) {
     __m512 x0 = _mm512_loadu_ps(xg + 16 * k);
-  #pragma GCC unroll 8
-  for (int r = 0; r < NR; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r * K + k]), x0, acc[r]);
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r * ldw + k]), x0, acc[r]);
   }
-  float buf[16];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; r++) {
     _mm512_storeu_ps(buf, acc[r]);
@@ -93,18 +97,19 @@ static inline __attribute__((always_inline)) void xt_block(const float *w, int64
   }
 }
 
-static void gemm_xt(const float *w, int nr, const float *xg, int nt, float *y, int64_t ldy, int64_t K) {
+static void gemm_xt(const float *w, int64_t ldw, int nr, const float *xg, int nt, float *y, int64_t ldy, int64_t K,
+                    bool more) {
   for (int r = 0; r < nr; r += 8) {
-    const float *wr = w + (int64_t)r * K;
+    const float *wr = w + (int64_t)r * ldw;
     switch (nr - r < 8 ? nr - r : 8) {
-    case 8: xt_block(wr, K, xg, y + r, ldy, nt, 8); break;
-    case 7: xt_block(wr, K, xg, y + r, ldy, nt, 7); break;
-    case 6: xt_block(wr, K, xg, y + r, ldy, nt, 6); break;
-    case 5: xt_block(wr, K, xg, y + r, ldy, nt, 5); break;
-    case 4: xt_block(wr, K, xg, y + r, ldy, nt, 4); break;
-    case 3: xt_block(wr, K, xg, y + r, ldy, nt, 3); break;
-    case 2: xt_block(wr, K, xg, y + r, ldy, nt, 2); break;
-    default: xt_block(wr, K, xg, y + r, ldy, nt, 1); break;
+    case 8: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 8); break;
+    case 7: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 7); break;
+    case 6: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 6); break;
+    case 5: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 5); break;
+    case 4: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 4); break;
+    case 3: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 3); break;
+    case 2: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 2); break;
+    default: xt_block(wr, ldw, K, xg, y + r, ldy, nt, more, 1); break;
     }
   }
 }
