@@ -74,6 +74,10 @@ bool kvl__amx_usable(void);
 int kvl__qmatmul_amx(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                      const float *xd, const int32_t *xs, int n_tokens, const float *bias, float *y);
 
+/* The tiles of the tiled attention (cpu/cpu.c): runs of consecutive positions of one
+ * sequence, at most tq tokens each; tile i is tokens tile[i] .. tile[i+1]-1 (tile holds
+ * n_tokens + 1 entries). Returns the number of tiles. */
+int kvl__attn_tiles(const struct kvl_attn_args *a, int tq, int *tile);
 /* Attention tiled over query rows and KV blocks (cpu/attn_avx512.c, AVX-512F/BW/VL):
  * whether it takes these arguments (head_dim a multiple of 16, at most 256), and the op. */
 bool kvl__attention_avx512_fits(const struct kvl_attn_args *a);

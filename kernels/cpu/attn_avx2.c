@@ -99,14 +99,9 @@ bool kvl__attention_avx2_fits(const struct kvl_attn_args *a) {
 void kvl__attention_avx2(const struct kvl_attn_args *a) {
   const struct kvl_kv_layout *l = a->kv;
   const int d = l->head_dim, group = a->n_head / l->n_kv_head;
-  /* tiles: runs of consecutive positions of one sequence, at most TQ tokens */
   int *tile = malloc((size_t)(a->n_tokens + 1) * sizeof(int));
   KVL_ASSERT(tile);
-  int n_tiles = 0;
-  for (int t = 0; t < a->n_tokens; t++)
-    if (n_tiles == 0 || t - tile[n_tiles - 1] == TQ || a->seq[t] != a->seq[t - 1] || a->pos[t] != a->pos[t - 1] + 1)
-      tile[n_tiles++] = t;
-  tile[n_tiles] = a->n_tokens;
+  const int n_tiles = kvl__attn_tiles(a, TQ, tile);
   const int n_items = n_tiles * l->n_kv_head;
 #pragma omp parallel
   {

@@ -311,6 +311,14 @@ static void cpu_embed(kvl_backend_t *be, const struct kvl_weight *table, const i
 
 /* Flash-style: for each (token, query head) an online softmax streamed over the cache
  * block by block; nothing of size positions x positions is materialised. */
+int kvl__attn_tiles(const struct kvl_attn_args *a, int tq, int *tile) {
+  int n = 0;
+  for (int t = 0; t < a->n_tokens; t++)
+    if (n == 0 || t - tile[n - 1] == tq || a->seq[t] != a->seq[t - 1] || a->pos[t] != a->pos[t - 1] + 1) tile[n++] = t;
+  tile[n] = a->n_tokens;
+  return n;
+}
+
 static void cpu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   const struct kvl__simd *s = S(be);
   if (s == &kvl__simd_avx512 && kvl__attention_avx512_fits(a)) {

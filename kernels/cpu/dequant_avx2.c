@@ -49,16 +49,6 @@ static void q5_0(const uint8_t *b, float *y, int64_t nb) {
   }
 }
 
-static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (uint8_t)((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
-    *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
-
 static void q4_k(const uint8_t *b, float *y, int64_t nb) {
   const __m256i lo4 = _mm256_set1_epi32(0x0f);
   for (int64_t i = 0; i < nb; i++, b += 144) {
@@ -66,9 +56,9 @@ static void q4_k(const uint8_t *b, float *y, int64_t nb) {
     const uint8_t *sc = b + 4, *q = b + 16;
     for (int j = 0; j < 4; j++, q += 32) {
       uint8_t s, m;
-      scale_min_k4(2 * j, sc, &s, &m);
+      kvl_q4_k_scale_min(2 * j, sc, &s, &m);
       __m256 d1 = _mm256_set1_ps(d * (float)s), m1 = _mm256_set1_ps(dmin * (float)m);
-      scale_min_k4(2 * j + 1, sc, &s, &m);
+      kvl_q4_k_scale_min(2 * j + 1, sc, &s, &m);
       __m256 d2 = _mm256_set1_ps(d * (float)s), m2 = _mm256_set1_ps(dmin * (float)m);
       for (int h = 0; h < 4; h++) {
         __m256i v = u8x8(q + 8 * h);

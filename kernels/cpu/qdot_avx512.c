@@ -128,9 +128,9 @@ static inline __attribute__((always_inline)) void dot_q4_k_n(const uint8_t *w, i
     const uint8_t *sc = w + 4, *q = w + 16;
     for (int j = 0; j < 4; j++) {
       __m512i u = kvl__q4_k_unit(q, j);
-      int s0, m0, s1, m1;
-      kvl__q4_k_scale_min(2 * j, sc, &s0, &m0);
-      kvl__q4_k_scale_min(2 * j + 1, sc, &s1, &m1);
+      uint8_t s0, m0, s1, m1;
+      kvl_q4_k_scale_min(2 * j, sc, &s0, &m0);
+      kvl_q4_k_scale_min(2 * j + 1, sc, &s1, &m1);
       float f0 = d * (float)s0, f1 = d * (float)s1, g0 = dmin * (float)m0, g1 = dmin * (float)m1;
       for (int t = 0; t < T; t++) {
         const float *xd = DA(a, t) + 8 * b;
@@ -570,9 +570,9 @@ static inline __attribute__((always_inline)) void vdot_q4_k(const uint8_t *w, in
     float d = kvl__h2f(w), dmin = kvl__h2f(w + 2);
     const uint8_t *sc = w + 4, *q = w + 16;
     for (int j = 0; j < 4; j++) {
-      int s0, m0, s1, m1;
-      kvl__q4_k_scale_min(2 * j, sc, &s0, &m0);
-      kvl__q4_k_scale_min(2 * j + 1, sc, &s1, &m1);
+      uint8_t s0, m0, s1, m1;
+      kvl_q4_k_scale_min(2 * j, sc, &s0, &m0);
+      kvl_q4_k_scale_min(2 * j + 1, sc, &s1, &m1);
       unit_tokens(kvl__q4_k_unit(q, j), two_scales(d * (float)s0, d * (float)s1), two_scales(dmin * (float)m0, dmin * (float)m1),
                   4 * b + j, a, acc, T);
     }

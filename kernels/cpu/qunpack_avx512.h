@@ -52,17 +52,6 @@ static inline __m512i kvl__q4_k_unit(const uint8_t *q, int j) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-/* Q4_K: the 6-bit scale and min of sub-block j (0..7) from the block's 12 scale bytes. */
-static inline void kvl__q4_k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 /* Q6_K: half n (elements 128n..128n+127) of a block as two units of 64 codes 0..63.
  * The 64 low-nibble bytes of the half are one 512-bit load: their low nibbles are
  * elements 0..63 of the half and their high nibbles 64..127, in order. The two high bits

@@ -72,6 +72,19 @@ uint16_t kvl_fp32_to_fp16(float f);
 float kvl_bf16_to_fp32(uint16_t h);
 uint16_t kvl_fp32_to_bf16(float f);
 
+/* Q4_K and Q5_K: the 12 scale bytes of a super-block hold 8 six-bit scales and 8 six-bit
+ * minimums; those of sub-block j (0..7). Sub-blocks 0-3 keep theirs in the low 6 bits of
+ * bytes j and j + 4; 4-7 take 4 bits from byte j + 4 and the top 2 from bytes j - 4 / j. */
+static inline void kvl_q4_k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (uint8_t)((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
+    *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
 /* Dequantise n elements (a multiple of the type's block size) from src to dst.
  * Returns 0, KVL_EBADTYPE for a type without dequantisation, KVL_EINVAL when n is not
  * a multiple of the block size. Scalar reference: slow, exact. */

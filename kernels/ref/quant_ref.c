@@ -182,26 +182,15 @@ static void deq_q8_0(const struct blk_q8_0 *b, float *y, int64_t nb) {
   }
 }
 
-/* The 12 bytes of K-quant scales hold 8 six-bit scales and 8 six-bit mins. */
-static inline void k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (uint8_t)((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
-    *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
-
 static void deq_q4_k(const struct blk_q4_k *b, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++) {
     float d = H(b[i].d), dmin = H(b[i].dmin);
     const uint8_t *q = b[i].qs;
     for (int j = 0, is = 0; j < KVL_QK_K; j += 64, is += 2, q += 32) {
       uint8_t sc, m;
-      k_scale_min(is, b[i].scales, &sc, &m);
+      kvl_q4_k_scale_min(is, b[i].scales, &sc, &m);
       float d1 = d * (float)sc, m1 = dmin * (float)m;
-      k_scale_min(is + 1, b[i].scales, &sc, &m);
+      kvl_q4_k_scale_min(is + 1, b[i].scales, &sc, &m);
       float d2 = d * (float)sc, m2 = dmin * (float)m;
       for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0x0f) - m1;
       for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
@@ -216,9 +205,9 @@ static void deq_q5_k(const struct blk_q5_k *b, float *y, int64_t nb) {
     uint8_t u1 = 1, u2 = 2;
     for (int j = 0, is = 0; j < KVL_QK_K; j += 64, is += 2, ql += 32) {
       uint8_t sc, m;
-      k_scale_min(is, b[i].scales, &sc, &m);
+      kvl_q4_k_scale_min(is, b[i].scales, &sc, &m);
       float d1 = d * (float)sc, m1 = dmin * (float)m;
-      k_scale_min(is + 1, b[i].scales, &sc, &m);
+      kvl_q4_k_scale_min(is + 1, b[i].scales, &sc, &m);
       float d2 = d * (float)sc, m2 = dmin * (float)m;
       for (int l = 0; l < 32; l++) *y++ = d1 * (float)((ql[l] & 0x0f) + (qh[l] & u1 ? 16 : 0)) - m1;
       for (int l = 0; l < 32; l++) *y++ = d2 * (float)((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;

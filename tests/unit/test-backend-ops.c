@@ -30,6 +30,21 @@ static const uint32_t wtypes[] = {KVL_TYPE_F32, KVL_TYPE_F16, KVL_TYPE_BF16, KVL
                                   KVL_TYPE_Q5_0, KVL_TYPE_Q5_1, KVL_TYPE_Q8_0, KVL_TYPE_Q4_K, KVL_TYPE_Q5_K,
                                   KVL_TYPE_Q6_K};
 
+/* Batch invariance: a token alone, through the level's exact twin (as prefill chunks and
+ * the attention sink run), gives the same bits as its row of the batch: the first token,
+ * and with `last` the last one. */
+static void alone_is_same(kvl_backend_t *be, const struct kvl_weight *w, const float *x, const float *y, int T,
+                          bool last) {
+  const int64_t rows = w->rows, cols = w->cols;
+  float *y1 = malloc((size_t)rows * sizeof(float));
+  for (int i = 0; i < (last ? 2 : 1); i++) {
+    const int t = i ? T - 1 : 0;
+    kvl_matmul(kvl_backend_exact(be), w, x + (size_t)t * cols, y1, 1);
+    CHECK(memcmp(y1, y + (size_t)t * rows, (size_t)rows * sizeof(float)) == 0);
+  }
+  free(y1);
+}
+
 static void test_matmul(kvl_backend_t *be) {
   static const struct { int64_t rows, cols; int T; } shapes[] = {
     {1, 256, 1}, {7, 512, 3}, {33, 256, 4}, {17, 768, 5}, {64, 1024, 17}, {130, 256, 1}, {40, 512, 16}, {9, 256, 7},
@@ -73,33 +88,11 @@ static void test_matmul(kvl_backend_t *be) {
       if (bf16) {
         CHECK(slot.impl != NULL && slot.bytes >= (size_t)rows * (size_t)cols * 2);
         worst_bf16 = fmax(worst_bf16, nmse(y, yr, (size_t)T * rows));
-        /* batch invariance: the first token alone, through the level's exact twin, gives the same row */
-        float *y1 = malloc((size_t)rows * sizeof(float));
-        kvl_matmul(kvl_backend_exact(be), &w, x, y1, 1);
-        CHECK(memcmp(y1, y, (size_t)rows * sizeof(float)) == 0);
-        free(y1);
+        alone_is_same(be, &w, x, y, T, false);
       }
-      if (amx) {
-        /* batch invariance: the first token alone, through the level's exact twin (tiles for
-         * every size), gives the same row */
-        float *y1 = malloc((size_t)rows * sizeof(float));
-        kvl_matmul(kvl_backend_exact(be), &w, x, y1, 1);
-        CHECK(memcmp(y1, y, (size_t)rows * sizeof(float)) == 0);
-        /* and the last one (past the first tile of 16 tokens where T > 16) */
-        kvl_matmul(kvl_backend_exact(be), &w, x + (size_t)(T - 1) * cols, y1, 1);
-        CHECK(memcmp(y1, y + (size_t)(T - 1) * rows, (size_t)rows * sizeof(float)) == 0);
-        free(y1);
-      }
-      if (!int8 && !bf16) {
-        /* the fp32 products: a token's row is the same bits alone (through the exact twin,
-         * as prefill chunks and the attention sink run) as in the batch, first and last */
-        float *y1 = malloc((size_t)rows * sizeof(float));
-        kvl_matmul(kvl_backend_exact(be), &w, x, y1, 1);
-        CHECK(memcmp(y1, y, (size_t)rows * sizeof(float)) == 0);
-        kvl_matmul(kvl_backend_exact(be), &w, x + (size_t)(T - 1) * cols, y1, 1);
-        CHECK(memcmp(y1, y + (size_t)(T - 1) * rows, (size_t)rows * sizeof(float)) == 0);
-        free(y1);
-      }
+      /* AMX tiles (every size in the exact twin) and the fp32 products (outer-product
+       * form): the last token too, past the first tile of 16 tokens where T > 16 */
+      if (amx || (!int8 && !bf16)) alone_is_same(be, &w, x, y, T, true);
       kvl_wpack_release(&slot);
       CHECK(slot.impl == NULL);
       if (int8 && rows * T >= 8) worst_i8 = fmax(worst_i8, nmse(y, yr, (size_t)T * rows));
