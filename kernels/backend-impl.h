@@ -20,7 +20,8 @@ struct kvl_backend_ops {
 struct kvl__simd {
   const char *name;
   float (*dot)(const float *a, const float *b, int64_t n);
-  /* y[t*ldy + r] (+)= sum_k w[r*K + k] * x[t*ldx + k], r < nr, t < nt */
+  /* y[t*ldy + r] = sum_k w[r*K + k] * x[t*ldx + k], r < nr, t < nt (the portable level's
+   * products; NULL where gemm_xt takes every size) */
   void (*gemm_tile)(const float *w, int nr, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, int64_t K);
   void (*axpy)(float a, const float *x, float *y, int64_t n); /* y += a x */
   void (*scale)(float a, float *y, int64_t n);                /* y *= a */

@@ -102,4 +102,29 @@ static void attn_fixture_free(struct attn_fixture *f) {
   free(f->q);
 }
 
+/* The attention cases both harnesses run: four geometries (the real models' head widths
+ * 64 and 128, two narrower ones) x fp32 and bf16 KV. Case i's fixture, and its name. */
+#define ATTN_N_CASES 8
+static void attn_fixture_case(struct attn_fixture *f, int i, char *desc, size_t desclen) {
+  static const struct { int n_kv, d, n_head; } geo[] = {{2, 64, 14}, {2, 128, 12}, {1, 32, 4}, {4, 16, 4}};
+  const int gi = i / 2;
+  const bool bf16 = i % 2;
+  attn_fixture_init(f, geo[gi].n_kv, geo[gi].d, geo[gi].n_head, bf16 ? KVL_KV_BF16 : KVL_KV_F32);
+  snprintf(desc, desclen, "heads=%d/%d d=%d kv=%s T=%d", geo[gi].n_head, geo[gi].n_kv, geo[gi].d,
+           bf16 ? "bf16" : "f32", f->a.n_tokens);
+}
+
+/* The fixture through `be` into *o and through the reference into *orf (both new,
+ * [T][n_head * d], the caller frees them); their nmse. */
+static double attn_fixture_run(const struct attn_fixture *f, kvl_backend_t *be, float **o, float **orf) {
+  const size_t n = (size_t)f->a.n_tokens * f->a.n_head * f->l.head_dim;
+  *o = malloc(n * 4), *orf = malloc(n * 4);
+  struct kvl_attn_args a = f->a;
+  a.out = *o;
+  kvl_attention(be, &a);
+  a.out = *orf;
+  kvl_attention_ref(&a);
+  return nmse(*o, *orf, n);
+}
+
 #endif

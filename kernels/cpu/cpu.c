@@ -216,6 +216,7 @@ static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const floa
     xt_matmul(be, w, x, y, n_tokens);
     return;
   }
+  /* the portable level: a tile of rows dequantised, every token against it */
   const struct kvl__simd *s = S(be);
   const int64_t K = w->cols, N = w->rows;
   const size_t rb = kvl_row_size(w->type, (uint64_t)K);
@@ -231,18 +232,6 @@ static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const floa
       int64_t r0 = tile * KVL__ROWS;
       int nr = (int)(N - r0 < KVL__ROWS ? N - r0 : KVL__ROWS);
       const float *wt;
-      if (!dense && n_tokens <= 2) {
-        /* decode: dequantise one row into L1 and use it at once */
-        for (int r = 0; r < nr; r++) {
-          s->dequant(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb, wf, K);
-          for (int t = 0; t < n_tokens; t++) { /* gemm_tile's order: the bits of a larger batch */
-            float v;
-            s->gemm_tile(wf, 1, x + (int64_t)t * K, K, 1, &v, 1, K);
-            y[(int64_t)t * N + r0 + r] = v + (w->bias ? w->bias[r0 + r] : 0.0f);
-          }
-        }
-        continue;
-      }
       if (dense) {
         wt = (const float *)w->data + r0 * K;
       } else {

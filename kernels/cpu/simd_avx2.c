@@ -25,62 +25,6 @@ static float dot(const float *a, const float *b, int64_t n) {
   return s;
 }
 
-/* The products below give every (row, token) the same bits whatever the batch: one
- * 8-lane accumulator over k in order, the same horizontal sum, then the scalar tail. So a
- * prompt's cache does not depend on how its prefill was chunked (kvl_backend_exact). */
-static inline float finish(__m256 acc, const float *w, const float *x, int64_t k, int64_t K) {
-  float s = hsum8(acc);
-  for (; k < K; k++) s += w[k] * x[k];
-  return s;
-}
-
-/* 4 weight rows x 2 tokens: 8 accumulators, each weight load feeds 2 FMAs. */
-static void kernel_4x2(const float *w, int64_t K, const float *x0, const float *x1, float out[2][4]) {
-  __m256 acc[2][4];
-  for (int t = 0; t < 2; t++)
-    for (int r = 0; r < 4; r++) acc[t][r] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __m256 a = _mm256_loadu_ps(x0 + k), b = _mm256_loadu_ps(x1 + k);
-    for (int r = 0; r < 4; r++) {
-      __m256 wr = _mm256_loadu_ps(w + r * K + k);
-      acc[0][r] = _mm256_fmadd_ps(wr, a, acc[0][r]);
-      acc[1][r] = _mm256_fmadd_ps(wr, b, acc[1][r]);
-    }
-  }
-  for (int r = 0; r < 4; r++) {
-    out[0][r] = finish(acc[0][r], w + r * K, x0, k, K);
-    out[1][r] = finish(acc[1][r], w + r * K, x1, k, K);
-  }
-}
-
-/* one row, one token, in the order of kernel_4x2 */
-static float dot_ordered(const float *w, const float *x, int64_t K) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), acc);
-  return finish(acc, w, x, k, K);
-}
-
-static void gemm_tile(const float *w, int nr, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, int64_t K) {
-  int r = 0;
-  for (; r + 4 <= nr; r += 4) {
-    int t = 0;
-    for (; t + 2 <= nt; t += 2) {
-      float o[2][4];
-      kernel_4x2(w + (int64_t)r * K, K, x + t * ldx, x + (t + 1) * ldx, o);
-      for (int i = 0; i < 4; i++) {
-        y[t * ldy + r + i] = o[0][i];
-        y[(t + 1) * ldy + r + i] = o[1][i];
-      }
-    }
-    for (; t < nt; t++)
-      for (int i = 0; i < 4; i++) y[t * ldy + r + i] = dot_ordered(w + (int64_t)(r + i) * K, x + t * ldx, K);
-  }
-  for (; r < nr; r++)
-    for (int t = 0; t < nt; t++) y[t * ldy + r] = dot_ordered(w + (int64_t)r * K, x + t * ldx, K);
-}
-
 /* ---- prefill products in outer-product form ------------------------------------------
  *
  * Tokens along the lanes: the activations of 16 tokens are interleaved per element
@@ -170,5 +114,5 @@ static void swiglu(const float *g, const float *u, float *y, int64_t n) {
   if (i < n) kvl__swiglu_scalar(g + i, u + i, y + i, n - i);
 }
 
-const struct kvl__simd kvl__simd_avx2 = {"avx2", dot, gemm_tile, axpy, scale, kvl__dequant_avx2, swiglu,
+const struct kvl__simd kvl__simd_avx2 = {"avx2", dot, NULL, axpy, scale, kvl__dequant_avx2, swiglu,
                                          gemm_xt};

@@ -22,55 +22,6 @@ static float dot(const float *a, const float *b, int64_t n) {
   return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-/* 4 weight rows x 4 tokens: 16 accumulators; per 16 columns 8 loads feed 16 FMAs. */
-static void kernel_4x4(const float *w, int64_t K, const float *x, int64_t ldx, float *y, int64_t ldy) {
-  __m512 acc[4][4];
-  for (int t = 0; t < 4; t++)
-    for (int r = 0; r < 4; r++) acc[t][r] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 xv[4], wv[4];
-    for (int t = 0; t < 4; t++) xv[t] = _mm512_loadu_ps(x + t * ldx + k);
-    for (int r = 0; r < 4; r++) wv[r] = _mm512_loadu_ps(w + r * K + k);
-    for (int t = 0; t < 4; t++)
-      for (int r = 0; r < 4; r++) acc[t][r] = _mm512_fmadd_ps(wv[r], xv[t], acc[t][r]);
-  }
-  if (k < K) {
-    __mmask16 m = tail_mask(K - k);
-    __m512 xv[4], wv[4];
-    for (int t = 0; t < 4; t++) xv[t] = _mm512_maskz_loadu_ps(m, x + t * ldx + k);
-    for (int r = 0; r < 4; r++) wv[r] = _mm512_maskz_loadu_ps(m, w + r * K + k);
-    for (int t = 0; t < 4; t++)
-      for (int r = 0; r < 4; r++) acc[t][r] = _mm512_fmadd_ps(wv[r], xv[t], acc[t][r]);
-  }
-  for (int t = 0; t < 4; t++)
-    for (int r = 0; r < 4; r++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[t][r]);
-}
-
-/* one row, one token, in the order of kernel_4x4 (one accumulator, the masked tail into
- * it, one reduction): a (row, token) gets the same bits whatever the batch around it */
-static float dot_ordered(const float *w, const float *x, int64_t K) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), acc);
-  if (k < K) {
-    __mmask16 m = tail_mask(K - k);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + k), _mm512_maskz_loadu_ps(m, x + k), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
-static void gemm_tile(const float *w, int nr, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, int64_t K) {
-  int r = 0;
-  for (; r + 4 <= nr; r += 4) {
-    int t = 0;
-    for (; t + 4 <= nt; t += 4) kernel_4x4(w + (int64_t)r * K, K, x + t * ldx, ldx, y + t * ldy + r, ldy);
-    for (; t < nt; t++)
-      for (int i = 0; i < 4; i++) y[t * ldy + r + i] = dot_ordered(w + (int64_t)(r + i) * K, x + t * ldx, K);
-  }
-  for (; r < nr; r++)
-    for (int t = 0; t < nt; t++) y[t * ldy + r] = dot_ordered(w + (int64_t)r * K, x + t * ldx, K);
-}
 
 /* Prefill products in outer-product form (kvl__simd.gemm_xt): 16 tokens in the lanes, a
  * weight element broadcast, one FMA per k in k order for every (row, token); the same
@@ -147,5 +98,5 @@ static void swiglu(const float *g, const float *u, float *y, int64_t n) {
   }
 }
 
-const struct kvl__simd kvl__simd_avx512 = {"avx512", dot, gemm_tile, axpy, scale, kvl__dequant_avx512, swiglu,
+const struct kvl__simd kvl__simd_avx512 = {"avx512", dot, NULL, axpy, scale, kvl__dequant_avx512, swiglu,
                                            gemm_xt};

@@ -108,26 +108,15 @@ static void test_embed(void) {
 
 /* the CPU harness's case (attn_fixture): scattered blocks, a prefill chunk and decode tokens */
 static void test_attention(void) {
-  static const struct { int n_kv, d, n_head; } geo[] = {{2, 64, 14}, {2, 128, 12}, {1, 32, 4}, {4, 16, 4}};
-  for (size_t gi = 0; gi < 4; gi++)
-    for (int dt = 0; dt < 2; dt++) {
-      struct attn_fixture f;
-      attn_fixture_init(&f, geo[gi].n_kv, geo[gi].d, geo[gi].n_head, dt ? KVL_KV_BF16 : KVL_KV_F32);
-      const struct kvl_kv_layout l = f.l;
-      const int T = f.a.n_tokens, qw = geo[gi].n_head * l.head_dim;
-      float *o = malloc((size_t)T * qw * 4), *orf = malloc((size_t)T * qw * 4);
-      struct kvl_attn_args a = f.a;
-      a.out = o;
-      kvl_attention(cu, &a);
-      a.out = orf;
-      kvl_attention_ref(&a);
-      char desc[96];
-      snprintf(desc, sizeof(desc), "heads=%d/%d d=%d kv=%s T=%d", geo[gi].n_head, l.n_kv_head, l.head_dim,
-               dt ? "bf16" : "f32", T);
-      report("attention", desc, nmse(o, orf, (size_t)T * qw), 1e-10);
-      free(o), free(orf);
-      attn_fixture_free(&f);
-    }
+  for (int c = 0; c < ATTN_N_CASES; c++) {
+    struct attn_fixture f;
+    char desc[96];
+    attn_fixture_case(&f, c, desc, sizeof(desc));
+    float *o, *orf;
+    report("attention", desc, attn_fixture_run(&f, cu, &o, &orf), 1e-10);
+    free(o), free(orf);
+    attn_fixture_free(&f);
+  }
 }
 
 /* A 64-token prompt through the whole model on the CPU and on the GPU: the last

@@ -178,36 +178,26 @@ static void test_embed(kvl_backend_t *be) {
 /* Two sequences with scattered physical blocks; a prefill chunk crossing block
  * boundaries in one and single decode tokens in the other, in one call. */
 static void test_attention(kvl_backend_t *be) {
-  static const struct { int n_kv, d, n_head; } geo[] = {{2, 64, 14}, {2, 128, 12}, {1, 32, 4}, {4, 16, 4}};
-  for (size_t gi = 0; gi < 4; gi++)
-    for (int dt = 0; dt < 2; dt++) {
-      struct attn_fixture f;
-      attn_fixture_init(&f, geo[gi].n_kv, geo[gi].d, geo[gi].n_head, dt ? KVL_KV_BF16 : KVL_KV_F32);
-      const struct kvl_kv_layout l = f.l;
-      const int T = f.a.n_tokens, qw = geo[gi].n_head * l.head_dim;
-      float *o = malloc((size_t)T * qw * 4), *orf = malloc((size_t)T * qw * 4);
-      struct kvl_attn_args a = f.a;
-      a.out = o;
-      kvl_attention(be, &a);
-      a.out = orf;
-      kvl_attention_ref(&a);
-      char desc[96];
-      snprintf(desc, sizeof(desc), "heads=%d/%d d=%d kv=%s T=%d", geo[gi].n_head, l.n_kv_head, l.head_dim,
-               dt ? "bf16" : "f32", T);
-      report(kvl_backend_name(be), "attention", desc, nmse(o, orf, (size_t)T * qw), 1e-10);
-      /* a token's output does not depend on its batch: each one alone, bit for bit */
-      bool same = true;
-      for (int t = 0; t < T; t++) {
-        struct kvl_attn_args one = a;
-        one.n_tokens = 1, one.q = f.q + (size_t)t * qw, one.out = orf, one.pos = f.pos + t, one.seq = f.sq + t;
-        kvl_attention(be, &one);
-        same = same && !memcmp(orf, o + (size_t)t * qw, (size_t)qw * 4);
-      }
-      if (!same) printf("FAIL %s attention %s: a token alone differs from the batch\n", kvl_backend_name(be), desc);
-      CHECK(same);
-      free(o); free(orf);
-      attn_fixture_free(&f);
+  for (int c = 0; c < ATTN_N_CASES; c++) {
+    struct attn_fixture f;
+    char desc[96];
+    attn_fixture_case(&f, c, desc, sizeof(desc));
+    const int T = f.a.n_tokens, qw = f.a.n_head * f.l.head_dim;
+    float *o, *orf;
+    report(kvl_backend_name(be), "attention", desc, attn_fixture_run(&f, be, &o, &orf), 1e-10);
+    /* a token's output does not depend on its batch: each one alone, bit for bit */
+    bool same = true;
+    for (int t = 0; t < T; t++) {
+      struct kvl_attn_args one = f.a;
+      one.n_tokens = 1, one.q = f.q + (size_t)t * qw, one.out = orf, one.pos = f.pos + t, one.seq = f.sq + t;
+      kvl_attention(be, &one);
+      same = same && !memcmp(orf, o + (size_t)t * qw, (size_t)qw * 4);
     }
+    if (!same) printf("FAIL %s attention %s: a token alone differs from the batch\n", kvl_backend_name(be), desc);
+    CHECK(same);
+    free(o), free(orf);
+    attn_fixture_free(&f);
+  }
 }
 
 /* kv store/load round trip and the block geometry */
