@@ -223,6 +223,7 @@ static void fill_usage(const struct kvld_req *r, Kvlingo__V1__Usage *u, Kvlingo_
   t->queue_seconds = r->queue_s;
   t->time_to_first_token_seconds = r->t_first > 0 ? r->t_first - r->t_arrival : 0;
   t->total_seconds = kvld_now() - r->t_arrival;
+  t->translation_seconds = r->usage.translate_ms / 1e3;
 }
 
 static void pump(struct call *c);

@@ -192,13 +192,14 @@ static json_t *usage_json(const struct kvld_req *r) {
 static json_t *kvlingo_json(const struct kvld_req *r) {
   const struct kvld_route *rt = &r->p.route;
   const struct kvl_usage *u = &r->usage;
-  return json_pack("{s:s,s:s,s:{s:s,s:s,s:s,s:s,s:i},s:{s:i,s:i,s:i,s:i,s:i,s:i,s:i}}", "replica", g_replica,
+  return json_pack("{s:s,s:s,s:{s:s,s:s,s:s,s:s,s:i},s:{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f}}", "replica", g_replica,
                    "translation", kvld_outcome_name(kvld_outcome_of(u)), "route", "policy", rt->policy, "decision",
                    rt->decision, "reason", rt->reason, "from_model",
                    rt->from_model >= 0 ? r->d->models[rt->from_model].name : "", "handoff_token", rt->handoff_token,
                    "usage", "cached_native_tokens", u->cached_native, "cached_translated_tokens", u->cached_translated,
                    "translated_tokens", u->translated, "prefilled_tokens", u->prefilled, "untranslatable_tokens",
-                   u->untranslatable, "declined_tokens", u->declined, "handoffs", u->handoffs);
+                   u->untranslatable, "declined_tokens", u->declined, "handoffs", u->handoffs,
+                   "translation_seconds", u->translate_ms / 1e3);
 }
 
 static json_t *finish_json(const struct kvld_req *r) {

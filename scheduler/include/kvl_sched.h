@@ -99,6 +99,7 @@ struct kvl_usage {
                                  no translator for the pair */
   int32_t declined;           /* ... prefilled instead because the request said so (no_translate) */
   int32_t handoffs;           /* times it moved to another model */
+  double translate_ms;        /* wall time spent translating into its lines */
 };
 
 struct kvl_token_event {

@@ -148,7 +148,8 @@ def conversation(inf, names, conv, turns=10, n_gen=6, derive=True):
         if derive:
             ok = (u.translated_tokens == exp_tr and u.prefilled_tokens == exp_pf and
                   u.cached_native_tokens + u.cached_translated_tokens == have[M] and
-                  u.untranslatable_tokens == 0 and u.declined_tokens == 0)
+                  u.untranslatable_tokens == 0 and u.declined_tokens == 0 and
+                  (last.timings.translation_seconds > 0) == (exp_tr > 0))  # timed exactly when it translated
             want = pb.TRANSLATION_OUTCOME_APPLIED if exp_tr else pb.TRANSLATION_OUTCOME_NOT_NEEDED
             ok = ok and last.translation == want
             if not ok:
@@ -211,7 +212,7 @@ if mode == "real":
             ok &= u["prompt_tokens_details"]["cached_tokens"] == lines[model]
         print(f"   turn {t} on {model}: prompt {u['prompt_tokens']}, cached {u['prompt_tokens_details']['cached_tokens']}, "
               f"translated {k['translated_tokens']}, prefilled {k['prefilled_tokens']}")
-        ok &= t == 0 or k["translated_tokens"] > 0
+        ok &= t == 0 or (k["translated_tokens"] > 0 and k["translation_seconds"] > 0)
         lines[model] = u["prompt_tokens"] + u["completion_tokens"] - 1  # the last sampled token has no KV
         msgs.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
     check(ok, "chat resent as text with a conversation id: each turn reuses its model's line and translates the "
