@@ -1,6 +1,6 @@
 /* apply.c — translating a span of one model's KV cache into another's (DESIGN.md
- * "Translation"): un-rotate the source keys, concatenate the ν source layers, multiply
- * by the maps (sgemm), rotate with the target RoPE, store. And the scalar reference. */
+ * "Translation"): load the source layers once per chunk of positions and un-rotate their
+ * keys, multiply the ν layers each map reads by the map (sgemm), rotate with the target RoPE, store. And the scalar reference. */
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +9,7 @@
 #include "kvl_kernels.h"
 #include "translator-impl.h"
 
-#define APPLY_CHUNK 1024 /* tokens per sgemm: bounds the scratch at any span length */
+#define APPLY_CHUNK 256 /* positions per pass: bounds the scratch at any span length */
 
 /* Everything that can be refused, checked before anything is written. */
 static int check_span(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen) {
@@ -60,67 +60,78 @@ static int check_span(const kvl_translator_t *t, const struct kvl_translate_span
   return 0;
 }
 
-/* Build the chunk's input matrix x[n][rows] of one map: its source layers' K (rotated
- * back) or V rows at src_pos[0..n), concatenated, then a 1 when affine. tmp: [n][w_S]. */
-static void gather(const kvl_translator_t *t, const struct kvl_translate_span *s, const struct kvl__tr_map *mp,
-                   bool keys, const int32_t *src_pos, int n, const float *cs, const float *sn, float *x) {
-  int64_t ws = t->w_src, rows = mp->rows;
-#pragma omp parallel for schedule(static) if (n * mp->nu > 64)
-  for (int i = 0; i < n; i++)
-    for (int j = 0; j < mp->nu; j++) {
-      float *row = x + (size_t)i * rows + (size_t)j * ws;
-      kvl_kv_load(s->src_layout, s->src_base, mp->sources[j], src_pos[i], s->src_table, keys ? row : NULL,
-                  keys ? NULL : row);
-      if (keys) /* un-rotate with this position's tables, made once per chunk */
-        kvl_rope_tab(cs + (size_t)i * (s->src_rope->head_dim / 2), sn + (size_t)i * (s->src_rope->head_dim / 2),
-                     row, 1, s->src_layout->n_kv_head, s->src_layout->head_dim, true);
-    }
-  if (t->affine)
-    for (int i = 0; i < n; i++) x[(size_t)i * rows + rows - 1] = 1.0f;
+/* y[n][w_T] = the map's input rows times the map: the chunk's rows of its ν source layers
+ * (cached: [layer][chunk][w_S]) side by side in x[n][rows], then a 1 when affine; one
+ * sgemm over all rows (one deep product runs near the GEMM's peak, ν shallow ones do not). */
+static void product(const kvl_translator_t *t, const struct kvl__tr_map *mp, const float *cache, int chunk, int n,
+                    float *x, float *y) {
+  const int64_t ws = t->w_src, rows = mp->rows;
+#pragma omp parallel for schedule(static) if (n * rows > 65536)
+  for (int i = 0; i < n; i++) {
+    for (int j = 0; j < mp->nu; j++)
+      memcpy(x + (size_t)i * rows + (size_t)j * ws, cache + ((size_t)mp->sources[j] * chunk + i) * ws,
+             (size_t)ws * sizeof(float));
+    if (t->affine) x[(size_t)i * rows + rows - 1] = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)t->w_dst, (int)rows, 1.0f, x, (int)rows, mp->data,
+              (int)t->w_dst, 0.0f, y, (int)t->w_dst);
 }
 
 int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen) {
   int rc = check_span(t, s, err, errlen);
   if (rc < 0 || s->n == 0) return rc;
+  const int n_src = t->src.n_layer, ws = (int)t->w_src, wd = (int)t->w_dst;
+  const int chunk = s->n < APPLY_CHUNK ? (int)s->n : APPLY_CHUNK;
+  const int hs = s->src_rope->head_dim / 2, hd = s->dst_rope->head_dim / 2;
+  /* which source layers the K and the V maps read: each is loaded once per chunk, however
+   * many maps read it (with ν = 4, a source layer serves about four maps) */
+  uint8_t *use = calloc((size_t)n_src, 1); /* bit 0: K, bit 1: V */
+  float *ck = malloc((size_t)n_src * chunk * ws * sizeof(float)), *cv = malloc((size_t)n_src * chunk * ws * sizeof(float));
   int64_t max_rows = 0;
   for (int32_t l = 0; l < t->dst.n_layer; l++)
     for (int w = 0; w < 2; w++)
       if (t->maps[l][w].rows > max_rows) max_rows = t->maps[l][w].rows;
-  int chunk = s->n < APPLY_CHUNK ? (int)s->n : APPLY_CHUNK;
   float *x = malloc((size_t)chunk * (size_t)max_rows * sizeof(float));
-  int hs = s->src_rope->head_dim / 2, hd = s->dst_rope->head_dim / 2;
   float *tab = malloc((size_t)chunk * (size_t)(2 * hs + 2 * hd) * sizeof(float)); /* per-position RoPE tables */
-  float *yk = malloc((size_t)chunk * (size_t)t->w_dst * sizeof(float));
-  float *yv = malloc((size_t)chunk * (size_t)t->w_dst * sizeof(float));
+  float *yk = malloc((size_t)chunk * (size_t)wd * sizeof(float)), *yv = malloc((size_t)chunk * (size_t)wd * sizeof(float));
   int32_t *seq = calloc((size_t)chunk, sizeof(int32_t));
-  if (!x || !tab || !yk || !yv || !seq) {
+  if (!use || !ck || !cv || !x || !tab || !yk || !yv || !seq) {
     rc = kvl_errf(err, errlen, KVL_ENOMEM, "translating %d positions: out of memory for the scratch", (int)s->n);
     goto out;
   }
+  for (int32_t l = 0; l < t->dst.n_layer; l++)
+    for (int w = 0; w < 2; w++)
+      for (int j = 0; j < t->maps[l][w].nu; j++) use[t->maps[l][w].sources[j]] |= (uint8_t)(1u << w);
   const int32_t *tables[] = {s->dst_table};
-  int wd = (int)t->w_dst;
   float *scs = tab, *ssn = tab + (size_t)chunk * hs, *dcs = ssn + (size_t)chunk * hs, *dsn = dcs + (size_t)chunk * hd;
-  /* chunk-major: the RoPE tables of a chunk's positions serve every layer */
   for (int32_t i0 = 0; i0 < s->n; i0 += chunk) {
-    int n = s->n - i0 < chunk ? (int)(s->n - i0) : chunk;
+    const int n = s->n - i0 < chunk ? (int)(s->n - i0) : chunk;
     const int32_t *sp = s->src_pos + i0, *dp = s->dst_pos + i0;
+#pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
       kvl_rope_table(s->src_rope, sp[i], scs + (size_t)i * hs, ssn + (size_t)i * hs);
       kvl_rope_table(s->dst_rope, dp[i], dcs + (size_t)i * hd, dsn + (size_t)i * hd);
+      for (int L = 0; L < n_src; L++) {
+        if (!use[L]) continue;
+        float *k = use[L] & 1 ? ck + ((size_t)L * chunk + i) * ws : NULL;
+        float *v = use[L] & 2 ? cv + ((size_t)L * chunk + i) * ws : NULL;
+        kvl_kv_load(s->src_layout, s->src_base, L, sp[i], s->src_table, k, v);
+        if (k) /* un-rotate with this position's tables */
+          kvl_rope_tab(scs + (size_t)i * hs, ssn + (size_t)i * hs, k, 1, s->src_layout->n_kv_head,
+                       s->src_layout->head_dim, true);
+      }
     }
     for (int32_t l = 0; l < t->dst.n_layer; l++) {
-      const struct kvl__tr_map *mk = &t->maps[l][KVL_TRANSLATOR_K], *mv = &t->maps[l][KVL_TRANSLATOR_V];
-      gather(t, s, mk, true, sp, n, scs, ssn, x);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, wd, (int)mk->rows, 1.0f, x, (int)mk->rows, mk->data,
-                  wd, 0.0f, yk, wd);
+      product(t, &t->maps[l][KVL_TRANSLATOR_K], ck, chunk, n, x, yk);
       kvl_rope_tab(dcs, dsn, yk, n, s->dst_layout->n_kv_head, s->dst_layout->head_dim, false);
-      gather(t, s, mv, false, sp, n, NULL, NULL, x);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, wd, (int)mv->rows, 1.0f, x, (int)mv->rows, mv->data,
-                  wd, 0.0f, yv, wd);
+      product(t, &t->maps[l][KVL_TRANSLATOR_V], cv, chunk, n, x, yv);
       kvl_kv_store(s->dst_layout, s->dst_base, (int)l, n, yk, yv, dp, seq, tables);
     }
   }
 out:
+  free(use);
+  free(ck);
+  free(cv);
   free(x);
   free(tab);
   free(yk);
