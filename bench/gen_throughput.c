@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
   enum kvl_kv_dtype kvdt = KVL_KV_BF16;
   static const struct option opts[] = {{"prefix-share", no_argument, 0, 'P'}, {"kv", required_argument, 0, 'K'},
                                        {"step-tokens", required_argument, 0, 'S'}, {"out", required_argument, 0, 'O'},
-                                       {0, 0, 0, 0}};
+                                       {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "m:c:n:h", opts, NULL)) != -1) {
     switch (c) {
@@ -87,9 +87,21 @@ int main(int argc, char **argv) {
     case 'S': step_tokens = atoi(optarg); break;
     case 'O': out = optarg; break;
     default:
-      fprintf(stderr, "usage: bench-gen-throughput [-m MODEL.gguf]... [-c 1,4,16,64] [-n TOKENS] [--prefix-share] "
-                      "[--kv bf16|f32] [--step-tokens N] [--out DIR]\n");
-      return 2;
+      fprintf(c == 'h' ? stdout : stderr,
+              "usage: bench-gen-throughput [-m MODEL.gguf]... [-c 1,4,16,64] [-n TOKENS] [--prefix-share] "
+              "[--kv bf16|f32] [--step-tokens N] [--out DIR]\n%s",
+              c != 'h' ? ""
+                       : "\nServing throughput of the scheduler: N streams submitted at once (prompts of 64..256\n"
+                         "tokens, fixed seed), greedy; aggregate generated tokens/s over the whole run (prefill\n"
+                         "included), TTFT and inter-token latency p50/p99. Writes DIR/gen-throughput[-shared].json/.md.\n\n"
+                         "  -m MODEL.gguf      repeatable; default: qwen2.5-coder-1.5b in $KVLINGO_MODELS\n"
+                         "  -c LIST            concurrencies (default 1,4,16,64)\n"
+                         "  -n TOKENS          generated per stream (default 32)\n"
+                         "  --prefix-share     every prompt starts with the same 128-token prefix (hit rate)\n"
+                         "  --kv bf16|f32      KV cache storage (default bf16)\n"
+                         "  --step-tokens N    the scheduler's per-step token budget (default 256)\n"
+                         "  --out DIR          default bench/results\n");
+      return c == 'h' ? 0 : 2;
     }
   }
   static char defpath[4200];
