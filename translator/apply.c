@@ -123,9 +123,14 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
     }
     for (int32_t l = 0; l < t->dst.n_layer; l++) {
       product(t, &t->maps[l][KVL_TRANSLATOR_K], ck, chunk, n, x, yk);
-      kvl_rope_tab(dcs, dsn, yk, n, s->dst_layout->n_kv_head, s->dst_layout->head_dim, false);
       product(t, &t->maps[l][KVL_TRANSLATOR_V], cv, chunk, n, x, yv);
-      kvl_kv_store(s->dst_layout, s->dst_base, (int)l, n, yk, yv, dp, seq, tables);
+#pragma omp parallel for schedule(static)
+      for (int i = 0; i < n; i++) { /* rotate with the target's RoPE, store */
+        kvl_rope_tab(dcs + (size_t)i * hd, dsn + (size_t)i * hd, yk + (size_t)i * wd, 1, s->dst_layout->n_kv_head,
+                     s->dst_layout->head_dim, false);
+        kvl_kv_store(s->dst_layout, s->dst_base, (int)l, 1, yk + (size_t)i * wd, yv + (size_t)i * wd, dp + i, seq,
+                     tables);
+      }
     }
   }
 out:

@@ -221,6 +221,23 @@ static void test_kv(void) {
   /* it landed in physical block 1, slot 1, layer 1 */
   const uint16_t *kp = (const uint16_t *)kvl_kv_k_ptr(&l, pool, 1, 1) + 128;
   CHECK(kp[0] == kvl_fp32_to_bf16(k[0]));
+  /* the store's (vectorised) conversion is the reference one, bit for bit, on rounding
+   * ties, infinities, NaNs, subnormals and signed zeros; the load widens exactly */
+  const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f800000u, 0xff800000u, 0x7fc00001u,
+                              0xffa00000u, 0x7f800001u, 0x00000001u, 0x807fffffu, 0x80000000u, 0x7f7fffffu,
+                              0x477fefffu, 0xc77ff000u, 0x00000000u, 0x3f7fff80u};
+  for (int i = 0; i < 128; i++) {
+    uint32_t u = special[i % 16] ^ (i >= 16 ? (uint32_t)i << 3 : 0u);
+    memcpy(&k[i], &u, 4);
+  }
+  kvl_kv_store(&l, pool, 1, 1, k, v, &pos, &sq, bts);
+  kvl_kv_load(&l, pool, 1, 17, bt, k2, v2);
+  int bad = 0;
+  for (int i = 0; i < 128; i++) {
+    float w = kvl_bf16_to_fp32(kp[i]);
+    bad += kp[i] != kvl_fp32_to_bf16(k[i]) || memcmp(&w, &k2[i], 4) != 0;
+  }
+  CHECK_EQ_INT(bad, 0);
   free(pool);
 }
 
