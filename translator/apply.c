@@ -94,15 +94,14 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
   float *x = malloc((size_t)chunk * (size_t)max_rows * sizeof(float));
   float *tab = malloc((size_t)chunk * (size_t)(2 * hs + 2 * hd) * sizeof(float)); /* per-position RoPE tables */
   float *yk = malloc((size_t)chunk * (size_t)wd * sizeof(float)), *yv = malloc((size_t)chunk * (size_t)wd * sizeof(float));
-  int32_t *seq = calloc((size_t)chunk, sizeof(int32_t));
-  if (!use || !ck || !cv || !x || !tab || !yk || !yv || !seq) {
+  if (!use || !ck || !cv || !x || !tab || !yk || !yv) {
     rc = kvl_errf(err, errlen, KVL_ENOMEM, "translating %d positions: out of memory for the scratch", (int)s->n);
     goto out;
   }
   for (int32_t l = 0; l < t->dst.n_layer; l++)
     for (int w = 0; w < 2; w++)
       for (int j = 0; j < t->maps[l][w].nu; j++) use[t->maps[l][w].sources[j]] |= (uint8_t)(1u << w);
-  const int32_t *tables[] = {s->dst_table};
+  const int32_t *tables[] = {s->dst_table}, seq0 = 0;
   float *scs = tab, *ssn = tab + (size_t)chunk * hs, *dcs = ssn + (size_t)chunk * hs, *dsn = dcs + (size_t)chunk * hd;
   for (int32_t i0 = 0; i0 < s->n; i0 += chunk) {
     const int n = s->n - i0 < chunk ? (int)(s->n - i0) : chunk;
@@ -128,7 +127,7 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
       for (int i = 0; i < n; i++) { /* rotate with the target's RoPE, store */
         kvl_rope_tab(dcs + (size_t)i * hd, dsn + (size_t)i * hd, yk + (size_t)i * wd, 1, s->dst_layout->n_kv_head,
                      s->dst_layout->head_dim, false);
-        kvl_kv_store(s->dst_layout, s->dst_base, (int)l, 1, yk + (size_t)i * wd, yv + (size_t)i * wd, dp + i, seq,
+        kvl_kv_store(s->dst_layout, s->dst_base, (int)l, 1, yk + (size_t)i * wd, yv + (size_t)i * wd, dp + i, &seq0,
                      tables);
       }
     }
@@ -141,7 +140,6 @@ out:
   free(tab);
   free(yk);
   free(yv);
-  free(seq);
   return rc;
 }
 
