@@ -15,6 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+    sys.exit(print(__doc__))
 path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                           "multiturn-nll.json")
 rep = json.load(open(path))
@@ -41,8 +43,11 @@ ax[0].set_ylabel("NLL of the reference continuation, nats/token")
 ax[1].set_ylabel("minus re-prefill, nats/token")
 ax[1].set_yscale("symlog", linthresh=0.1)
 n = rows[0]["runs"]
-fig.suptitle(f"Multi-turn quality, {n} held-out conversations, models alternating (closed-form translators) — "
-             f"git {rep['git']}", fontsize=9)
+proto = next((r for r in rows if r["method"] == "protocol"), rows[0])
+kind = {"distilled": "distilled translators", "": "closed-form translators"}.get(proto.get("translators", ""),
+                                                                               f"translators '{proto['translators']}'")
+fig.suptitle(f"Multi-turn quality, {n} held-out conversations, models alternating ({kind}, native head "
+             f"{proto.get('native_head', 0)}) — git {rep['git']}", fontsize=9)
 fig.tight_layout()
 out = os.path.splitext(path)[0] + ".png"
 fig.savefig(out, dpi=110)
