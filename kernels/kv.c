@@ -5,6 +5,7 @@
 
 #include "kvl_error.h"
 #include "kvl_kernels.h"
+#include "kvl_quant.h"
 
 /* Block layout (block-major, so a block is one contiguous unit for tier copies):
  *   block b: for layer l in 0..n_layer-1: K[KVL_KV_BLOCK][kvw], V[KVL_KV_BLOCK][kvw]
@@ -25,30 +26,13 @@ void *kvl_kv_v_ptr(const struct kvl_kv_layout *l, void *base, int32_t block, int
   return (uint8_t *)base + (size_t)block * kvl_kv_block_bytes(l) + (size_t)(2 * layer + 1) * slab_bytes(l);
 }
 
-/* The conversions of kvl_fp32_to_bf16 / kvl_bf16_to_fp32 (round to nearest even, NaNs
- * kept quiet), inline and branch-free so the row loops vectorise: every forward stores
- * its K/V rows here and translation loads and stores whole spans. */
-static inline uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
-  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-}
-
-static inline float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 static void put_row(enum kvl_kv_dtype d, void *dst, const float *src, int n) {
   if (d == KVL_KV_F32) {
     memcpy(dst, src, (size_t)n * 4);
   } else {
     uint16_t *o = dst;
 #pragma omp simd
-    for (int i = 0; i < n; i++) o[i] = to_bf16(src[i]);
+    for (int i = 0; i < n; i++) o[i] = kvl_fp32_to_bf16(src[i]);
   }
 }
 
@@ -58,7 +42,7 @@ static void get_row(enum kvl_kv_dtype d, const void *src, float *dst, int n) {
   } else {
     const uint16_t *s = src;
 #pragma omp simd
-    for (int i = 0; i < n; i++) dst[i] = from_bf16(s[i]);
+    for (int i = 0; i < n; i++) dst[i] = kvl_bf16_to_fp32(s[i]);
   }
 }
 

@@ -298,8 +298,6 @@ static void cpu_embed(kvl_backend_t *be, const struct kvl_weight *table, const i
   kvl_embed_ref(table, ids, y, n_tokens);
 }
 
-/* Flash-style: for each (token, query head) an online softmax streamed over the cache
- * block by block; nothing of size positions x positions is materialised. */
 int kvl__attn_tiles(const struct kvl_attn_args *a, int tq, int *tile) {
   int n = 0;
   for (int t = 0; t < a->n_tokens; t++)
@@ -308,6 +306,8 @@ int kvl__attn_tiles(const struct kvl_attn_args *a, int tq, int *tile) {
   return n;
 }
 
+/* Flash-style: for each (token, query head) an online softmax streamed over the cache
+ * block by block; nothing of size positions x positions is materialised. */
 static void cpu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   const struct kvl__simd *s = S(be);
   if (s == &kvl__simd_avx512 && kvl__attention_avx512_fits(a)) {

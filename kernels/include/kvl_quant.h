@@ -18,6 +18,7 @@
 #define KVL_QUANT_H
 
 #include <stdbool.h>
+#include <string.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,8 +70,20 @@ size_t kvl_row_size(uint32_t type, uint64_t n);
 /* fp16 / bf16 <-> fp32, exact where the format is (IEEE rounding to nearest even). */
 float kvl_fp16_to_fp32(uint16_t h);
 uint16_t kvl_fp32_to_fp16(float f);
-float kvl_bf16_to_fp32(uint16_t h);
-uint16_t kvl_fp32_to_bf16(float f);
+/* bf16: inline and branch-free, so row loops over them vectorise (the KV cache stores
+ * every forward's rows through these; translation loads and stores whole spans) */
+static inline float kvl_bf16_to_fp32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint16_t kvl_fp32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u; /* nan stays quiet */
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
 
 /* Q4_K and Q5_K: the 12 scale bytes of a super-block hold 8 six-bit scales and 8 six-bit
  * minimums; those of sub-block j (0..7). Sub-blocks 0-3 keep theirs in the low 6 bits of

@@ -112,15 +112,6 @@ uint16_t kvl_fp32_to_fp16(float f) {
   return sign | (uint16_t)((a - 0x38000000u) >> 13);
 }
 
-float kvl_bf16_to_fp32(uint16_t h) { return u2f((uint32_t)h << 16); }
-
-uint16_t kvl_fp32_to_bf16(float f) {
-  uint32_t u = f2u(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet nan */
-  u += 0x7fff + ((u >> 16) & 1);
-  return (uint16_t)(u >> 16);
-}
-
 /* ---- dequantisation ----------------------------------------------------------- */
 
 #define H(x) kvl_fp16_to_fp32(x)
