@@ -78,6 +78,10 @@ void kvl_op_swiglu_backward(float *dg, float *du, const float *dout, const float
   }
 }
 
+/* Per head h (KV group g = h / (H / KVH)), as matrix products (OpenBLAS, one thread per
+ * head inside the parallel loop):  S = scale Q_h K_gᵀ (T x N), masked past key P + t,
+ * A = softmax(S) row-wise, O_h = A V_g.  The masked probabilities are stored as 0, so the
+ * products may run over all N keys. */
 void kvl_op_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int T, int P,
                               int H, int KVH, int D) {
   const int N = P + T, group = H / KVH;
@@ -85,77 +89,74 @@ void kvl_op_attention_forward(float *out, float *att, const float *q, const floa
 #pragma omp parallel for schedule(static)
   for (int h = 0; h < H; h++) {
     const int g = h / group;
+    float *a = att + (size_t)h * T * N;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, D, scale, q + (size_t)h * D, H * D, k + (size_t)g * D,
+                KVH * D, 0.0f, a, N);
     for (int t = 0; t < T; t++) {
-      const float *qt = q + ((size_t)t * H + h) * D;
-      float *a = att + ((size_t)h * T + t) * N;
+      float *r = a + (size_t)t * N;
       const int nk = P + t + 1;
       float mx = -INFINITY;
-      for (int j = 0; j < nk; j++) {
-        const float *kj = k + ((size_t)j * KVH + g) * D;
-        float s = 0;
-        for (int i = 0; i < D; i++) s += qt[i] * kj[i];
-        a[j] = s * scale;
-        mx = a[j] > mx ? a[j] : mx;
-      }
+      for (int j = 0; j < nk; j++) mx = r[j] > mx ? r[j] : mx;
       double z = 0;
       for (int j = 0; j < nk; j++) {
-        a[j] = expf(a[j] - mx);
-        z += a[j];
+        r[j] = expf(r[j] - mx);
+        z += r[j];
       }
-      for (int j = 0; j < nk; j++) a[j] = (float)(a[j] / z);
-      for (int j = nk; j < N; j++) a[j] = 0;
-      float *o = out + ((size_t)t * H + h) * D;
-      memset(o, 0, (size_t)D * sizeof(float));
-      for (int j = 0; j < nk; j++) {
-        const float *vj = v + ((size_t)j * KVH + g) * D;
-        for (int i = 0; i < D; i++) o[i] += a[j] * vj[i];
-      }
+      const float iz = (float)(1.0 / z);
+      for (int j = 0; j < nk; j++) r[j] *= iz;
+      for (int j = nk; j < N; j++) r[j] = 0;
     }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, N, 1.0f, a, N, v + (size_t)g * D, KVH * D, 0.0f,
+                out + (size_t)h * D, H * D);
   }
 }
 
-/* da_j = dout·v_j ; ds_j = a_j (da_j - Σ a da) ; dq += scale Σ ds_j k_j ; dk_j += scale ds_j q ;
- * dv_j += a_j dout. Heads of one KV group write the same dk/dv rows: groups run in
- * parallel, the heads of a group in sequence. */
+/* dA = dO_h V_gᵀ ; dS = A ⊙ (dA - rowsum(A ⊙ dA)) · scale ; dQ_h += dS K_g ;
+ * dK_g += dSᵀ Q_h ; dV_g += Aᵀ dO_h.  Heads run in parallel, each into its own dK/dV
+ * scratch; the heads of a group are then added in head order (the same bits for any
+ * number of threads). */
 void kvl_op_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
                                const float *k, const float *v, int T, int P, int H, int KVH, int D) {
   const int N = P + T, group = H / KVH;
   const float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel
-  {
-    float *da = malloc((size_t)N * sizeof(float));
-#pragma omp for schedule(static)
-    for (int g = 0; g < KVH; g++)
-      for (int h = g * group; h < (g + 1) * group; h++)
-        for (int t = 0; t < T; t++) {
-          const float *a = att + ((size_t)h * T + t) * N, *qt = q + ((size_t)t * H + h) * D;
-          const float *dot = dout + ((size_t)t * H + h) * D;
-          float *dqt = dq + ((size_t)t * H + h) * D;
-          const int nk = P + t + 1;
-          double sum = 0;
-          for (int j = 0; j < nk; j++) {
-            const float *vj = v + ((size_t)j * KVH + g) * D;
-            float *dvj = dv + ((size_t)j * KVH + g) * D;
-            float s = 0;
-            for (int i = 0; i < D; i++) {
-              s += dot[i] * vj[i];
-              dvj[i] += a[j] * dot[i];
-            }
-            da[j] = s;
-            sum += (double)a[j] * s;
-          }
-          for (int j = 0; j < nk; j++) {
-            float ds = a[j] * (da[j] - (float)sum) * scale;
-            const float *kj = k + ((size_t)j * KVH + g) * D;
-            float *dkj = dk + ((size_t)j * KVH + g) * D;
-            for (int i = 0; i < D; i++) {
-              dqt[i] += ds * kj[i];
-              dkj[i] += ds * qt[i];
-            }
-          }
-        }
-    free(da);
+  float *ds = malloc((size_t)H * T * N * sizeof(float));
+  float *sk = calloc((size_t)H * N * D, sizeof(float)), *sv = calloc((size_t)H * N * D, sizeof(float));
+  KVL_ASSERT(ds && sk && sv);
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < H; h++) {
+    const int g = h / group;
+    const float *a = att + (size_t)h * T * N, *doh = dout + (size_t)h * D;
+    float *d = ds + (size_t)h * T * N;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, D, 1.0f, doh, H * D, v + (size_t)g * D, KVH * D, 0.0f,
+                d, N);
+    for (int t = 0; t < T; t++) {
+      const float *ar = a + (size_t)t * N;
+      float *dr = d + (size_t)t * N;
+      double sum = 0;
+      for (int j = 0; j < N; j++) sum += (double)ar[j] * dr[j];
+      for (int j = 0; j < N; j++) dr[j] = ar[j] * (dr[j] - (float)sum) * scale;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, N, 1.0f, d, N, k + (size_t)g * D, KVH * D, 1.0f,
+                dq + (size_t)h * D, H * D);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, D, T, 1.0f, d, N, q + (size_t)h * D, H * D, 0.0f,
+                sk + (size_t)h * N * D, D);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, D, T, 1.0f, a, N, doh, H * D, 0.0f, sv + (size_t)h * N * D,
+                D);
   }
+#pragma omp parallel for schedule(static)
+  for (int j = 0; j < N; j++)
+    for (int h = 0; h < H; h++) {
+      const int g = h / group;
+      float *dkj = dk + ((size_t)j * KVH + g) * D, *dvj = dv + ((size_t)j * KVH + g) * D;
+      const float *skj = sk + ((size_t)h * N + j) * D, *svj = sv + ((size_t)h * N + j) * D;
+      for (int i = 0; i < D; i++) {
+        dkj[i] += skj[i];
+        dvj[i] += svj[i];
+      }
+    }
+  free(ds);
+  free(sk);
+  free(sv);
 }
 
 float kvl_op_kl_topk(const float *logits, int V, const int32_t *ids, const float *logp, int K, float *dlogits,
@@ -261,14 +262,18 @@ oom:
 size_t kvl_dense_bytes(const kvl_dense_t *d) { return d->bytes; }
 const kvl_model_t *kvl_dense_model(const kvl_dense_t *d) { return d->m; }
 
-/* What one layer keeps for the backward. */
+/* What one layer keeps for the backward: rows of all sequences one after another; the
+ * attention's keys, values and probabilities per sequence (offsets in kvl_dense_acts). */
 struct lacts {
   float *h_in, *xn, *rstd1, *q, *kall, *vall, *att, *ao, *h_mid, *xn2, *rstd2, *g, *u, *s;
 };
 
 struct kvl_dense_acts {
-  int32_t P, T;
-  int32_t *pos;
+  int32_t n_seq, R;          /* sequences, rows in all */
+  int32_t *P, *T;            /* [n_seq] */
+  size_t *row, *kv, *at;     /* [n_seq]: first row; offset in kall / vall (floats); in att */
+  size_t kv_total, at_total; /* floats of kall (= vall) and att per layer */
+  int32_t *pos;              /* [R] */
   struct lacts *L;
   float *h_fin, *rstd_f, *xf;
   float *mem;
@@ -276,115 +281,161 @@ struct kvl_dense_acts {
 
 void kvl_dense_acts_free(kvl_dense_acts_t *a) {
   if (!a) return;
+  free(a->P);
+  free(a->T);
+  free(a->row);
+  free(a->kv);
+  free(a->at);
   free(a->pos);
   free(a->L);
   free(a->mem);
   free(a);
 }
 
-int kvl_dense_forward(kvl_dense_t *d, const float *const *pk, const float *const *pv, int32_t P, const int32_t *tokens,
-                      int32_t T, float *logits, kvl_dense_acts_t **acts) {
+/* The layout of a batch: rows, offsets, positions. */
+static kvl_dense_acts_t *acts_new(const struct kvl_dense_seq *seq, int32_t n_seq, int H, int KV) {
+  kvl_dense_acts_t *a = calloc(1, sizeof(*a));
+  if (!a) return NULL;
+  a->n_seq = n_seq;
+  a->P = malloc((size_t)n_seq * sizeof(int32_t));
+  a->T = malloc((size_t)n_seq * sizeof(int32_t));
+  a->row = malloc((size_t)n_seq * sizeof(size_t));
+  a->kv = malloc((size_t)n_seq * sizeof(size_t));
+  a->at = malloc((size_t)n_seq * sizeof(size_t));
+  if (!a->P || !a->T || !a->row || !a->kv || !a->at) goto oom;
+  for (int32_t b = 0; b < n_seq; b++) {
+    const size_t N = (size_t)seq[b].P + (size_t)seq[b].T;
+    a->P[b] = seq[b].P;
+    a->T[b] = seq[b].T;
+    a->row[b] = (size_t)a->R;
+    a->kv[b] = a->kv_total;
+    a->at[b] = a->at_total;
+    a->R += seq[b].T;
+    a->kv_total += N * (size_t)KV;
+    a->at_total += (size_t)H * (size_t)seq[b].T * N;
+  }
+  if (!(a->pos = malloc((size_t)a->R * sizeof(int32_t)))) goto oom;
+  for (int32_t b = 0; b < n_seq; b++)
+    for (int32_t t = 0; t < seq[b].T; t++) a->pos[a->row[b] + (size_t)t] = seq[b].P + t;
+  return a;
+oom:
+  kvl_dense_acts_free(a);
+  return NULL;
+}
+
+int kvl_dense_forward_batch(kvl_dense_t *d, const struct kvl_dense_seq *seq, int32_t n_seq, float *logits,
+                            kvl_dense_acts_t **acts) {
   const struct kvl_model_hparams *hp = &d->m->hp;
   const int E = hp->n_embd, H = hp->n_head, KVH = hp->n_kv_head, D = hp->head_dim, F = hp->n_ff, NL = hp->n_layer;
-  const int QW = H * D, KV = KVH * D, N = P + T;
+  const int QW = H * D, KV = KVH * D;
   *acts = NULL;
-  kvl_dense_acts_t *a = calloc(1, sizeof(*a));
+  if (n_seq < 1) return KVL_EINVAL;
+  kvl_dense_acts_t *a = acts_new(seq, n_seq, H, KV);
   if (!a) return KVL_ENOMEM;
-  a->P = P;
-  a->T = T;
-  size_t per = (size_t)T * E * 4 + (size_t)T * 2 + (size_t)T * QW * 2 + (size_t)N * KV * 2 + (size_t)H * T * N +
-               (size_t)T * F * 3;
-  size_t total = per * NL + (size_t)T * E * 2 + T;
+  const size_t R = (size_t)a->R;
+  size_t per = R * E * 4 + R * 2 + R * QW * 2 + a->kv_total * 2 + a->at_total + R * F * 3;
+  size_t total = per * NL + R * E * 2 + R;
   a->mem = malloc(total * sizeof(float));
   a->L = calloc((size_t)NL, sizeof(*a->L));
-  a->pos = malloc((size_t)T * sizeof(int32_t));
-  if (!a->mem || !a->L || !a->pos) {
+  float *h = malloc(R * E * sizeof(float)), *tmp = malloc(R * E * sizeof(float));
+  float *kc = malloc(R * KV * sizeof(float)), *vc = malloc(R * KV * sizeof(float));
+  int32_t *tok = malloc(R * sizeof(int32_t));
+  if (!a->mem || !a->L || !h || !tmp || !kc || !vc || !tok) {
+    free(h);
+    free(tmp);
+    free(kc);
+    free(vc);
+    free(tok);
     kvl_dense_acts_free(a);
     return KVL_ENOMEM;
   }
-  for (int t = 0; t < T; t++) a->pos[t] = P + t;
   float *p = a->mem;
 #define TAKE(n) (p += (n), p - (n))
   for (int l = 0; l < NL; l++) {
     struct lacts *A = &a->L[l];
-    A->h_in = TAKE((size_t)T * E);
-    A->xn = TAKE((size_t)T * E);
-    A->rstd1 = TAKE((size_t)T);
-    A->q = TAKE((size_t)T * QW);
-    A->kall = TAKE((size_t)N * KV);
-    A->vall = TAKE((size_t)N * KV);
-    A->att = TAKE((size_t)H * T * N);
-    A->ao = TAKE((size_t)T * QW);
-    A->h_mid = TAKE((size_t)T * E);
-    A->xn2 = TAKE((size_t)T * E);
-    A->rstd2 = TAKE((size_t)T);
-    A->g = TAKE((size_t)T * F);
-    A->u = TAKE((size_t)T * F);
-    A->s = TAKE((size_t)T * F);
+    A->h_in = TAKE(R * E);
+    A->xn = TAKE(R * E);
+    A->rstd1 = TAKE(R);
+    A->q = TAKE(R * QW);
+    A->kall = TAKE(a->kv_total);
+    A->vall = TAKE(a->kv_total);
+    A->att = TAKE(a->at_total);
+    A->ao = TAKE(R * QW);
+    A->h_mid = TAKE(R * E);
+    A->xn2 = TAKE(R * E);
+    A->rstd2 = TAKE(R);
+    A->g = TAKE(R * F);
+    A->u = TAKE(R * F);
+    A->s = TAKE(R * F);
   }
-  a->h_fin = TAKE((size_t)T * E);
-  a->xf = TAKE((size_t)T * E);
-  a->rstd_f = TAKE((size_t)T);
+  a->h_fin = TAKE(R * E);
+  a->xf = TAKE(R * E);
+  a->rstd_f = TAKE(R);
 #undef TAKE
-  float *h = malloc((size_t)T * E * sizeof(float)), *tmp = malloc((size_t)T * E * sizeof(float));
-  if (!h || !tmp) {
-    free(h);
-    free(tmp);
-    kvl_dense_acts_free(a);
-    return KVL_ENOMEM;
-  }
-  kvl_embed_ref(&d->m->tok_embd, tokens, h, T);
+  for (int32_t b = 0; b < n_seq; b++) memcpy(tok + a->row[b], seq[b].tokens, (size_t)seq[b].T * sizeof(int32_t));
+  kvl_embed_ref(&d->m->tok_embd, tok, h, (int)R);
   for (int l = 0; l < NL; l++) {
     const struct dlayer *L = &d->L[l];
     struct lacts *A = &a->L[l];
-    memcpy(A->h_in, h, (size_t)T * E * sizeof(float));
-    kvl_op_rmsnorm_forward(A->xn, A->rstd1, h, L->attn_norm, T, E, hp->rms_eps);
-    kvl_op_linear_forward(A->q, A->xn, L->wq, L->bq, T, E, QW);
-    memcpy(A->kall, pk[l], (size_t)P * KV * sizeof(float));
-    memcpy(A->vall, pv[l], (size_t)P * KV * sizeof(float));
-    float *k = A->kall + (size_t)P * KV, *v = A->vall + (size_t)P * KV;
-    kvl_op_linear_forward(k, A->xn, L->wk, L->bk, T, E, KV);
-    kvl_op_linear_forward(v, A->xn, L->wv, L->bv, T, E, KV);
-    kvl_op_rope_forward(&d->m->rope, A->q, a->pos, T, H);
-    kvl_op_rope_forward(&d->m->rope, k, a->pos, T, KVH);
-    kvl_op_attention_forward(A->ao, A->att, A->q, A->kall, A->vall, T, P, H, KVH, D);
-    kvl_op_linear_forward(tmp, A->ao, L->wo, NULL, T, QW, E);
-    for (size_t i = 0; i < (size_t)T * E; i++) h[i] += tmp[i];
-    memcpy(A->h_mid, h, (size_t)T * E * sizeof(float));
-    kvl_op_rmsnorm_forward(A->xn2, A->rstd2, h, L->ffn_norm, T, E, hp->rms_eps);
-    kvl_op_linear_forward(A->g, A->xn2, L->wg, NULL, T, E, F);
-    kvl_op_linear_forward(A->u, A->xn2, L->wu, NULL, T, E, F);
-    kvl_op_swiglu_forward(A->s, A->g, A->u, (int64_t)T * F);
-    kvl_op_linear_forward(tmp, A->s, L->wd, NULL, T, F, E);
-    for (size_t i = 0; i < (size_t)T * E; i++) h[i] += tmp[i];
+    memcpy(A->h_in, h, R * E * sizeof(float));
+    kvl_op_rmsnorm_forward(A->xn, A->rstd1, h, L->attn_norm, (int)R, E, hp->rms_eps);
+    kvl_op_linear_forward(A->q, A->xn, L->wq, L->bq, (int)R, E, QW);
+    kvl_op_linear_forward(kc, A->xn, L->wk, L->bk, (int)R, E, KV);
+    kvl_op_linear_forward(vc, A->xn, L->wv, L->bv, (int)R, E, KV);
+    kvl_op_rope_forward(&d->m->rope, A->q, a->pos, (int)R, H);
+    kvl_op_rope_forward(&d->m->rope, kc, a->pos, (int)R, KVH);
+    /* each sequence's keys and values: its prefix, then its own rows */
+    for (int32_t b = 0; b < n_seq; b++) {
+      const size_t P = (size_t)seq[b].P, T = (size_t)seq[b].T;
+      float *kb = A->kall + a->kv[b], *vb = A->vall + a->kv[b];
+      memcpy(kb, seq[b].pk[l], P * KV * sizeof(float));
+      memcpy(vb, seq[b].pv[l], P * KV * sizeof(float));
+      memcpy(kb + P * KV, kc + a->row[b] * KV, T * KV * sizeof(float));
+      memcpy(vb + P * KV, vc + a->row[b] * KV, T * KV * sizeof(float));
+      kvl_op_attention_forward(A->ao + a->row[b] * QW, A->att + a->at[b], A->q + a->row[b] * QW, kb, vb, (int)T,
+                               (int)P, H, KVH, D);
+    }
+    kvl_op_linear_forward(tmp, A->ao, L->wo, NULL, (int)R, QW, E);
+    for (size_t i = 0; i < R * E; i++) h[i] += tmp[i];
+    memcpy(A->h_mid, h, R * E * sizeof(float));
+    kvl_op_rmsnorm_forward(A->xn2, A->rstd2, h, L->ffn_norm, (int)R, E, hp->rms_eps);
+    kvl_op_linear_forward(A->g, A->xn2, L->wg, NULL, (int)R, E, F);
+    kvl_op_linear_forward(A->u, A->xn2, L->wu, NULL, (int)R, E, F);
+    kvl_op_swiglu_forward(A->s, A->g, A->u, (int64_t)R * F);
+    kvl_op_linear_forward(tmp, A->s, L->wd, NULL, (int)R, F, E);
+    for (size_t i = 0; i < R * E; i++) h[i] += tmp[i];
   }
-  memcpy(a->h_fin, h, (size_t)T * E * sizeof(float));
-  kvl_op_rmsnorm_forward(a->xf, a->rstd_f, h, d->m->output_norm, T, E, hp->rms_eps);
-  if (logits) kvl_op_linear_forward(logits, a->xf, d->out, NULL, T, E, hp->n_vocab);
+  memcpy(a->h_fin, h, R * E * sizeof(float));
+  kvl_op_rmsnorm_forward(a->xf, a->rstd_f, h, d->m->output_norm, (int)R, E, hp->rms_eps);
+  if (logits) kvl_op_linear_forward(logits, a->xf, d->out, NULL, (int)R, E, hp->n_vocab);
   free(h);
   free(tmp);
+  free(kc);
+  free(vc);
+  free(tok);
   *acts = a;
   return 0;
 }
 
-int kvl_dense_backward(kvl_dense_t *d, const kvl_dense_acts_t *a, const float *dlogits, float *const *dpk,
-                       float *const *dpv) {
+int kvl_dense_backward_batch(kvl_dense_t *d, const kvl_dense_acts_t *a, const float *dlogits, float *const *const *dpk,
+                             float *const *const *dpv) {
   const struct kvl_model_hparams *hp = &d->m->hp;
   const int E = hp->n_embd, H = hp->n_head, KVH = hp->n_kv_head, D = hp->head_dim, F = hp->n_ff, NL = hp->n_layer;
-  const int QW = H * D, KV = KVH * D, P = a->P, T = a->T, N = P + T;
-  size_t sz[] = {(size_t)T * E, (size_t)T * E, (size_t)T * E, (size_t)T * F, (size_t)T * F, (size_t)T * F,
-                 (size_t)T * QW, (size_t)T * QW, (size_t)N * KV, (size_t)N * KV};
+  const int QW = H * D, KV = KVH * D;
+  const size_t R = (size_t)a->R;
+  size_t sz[] = {R * E, R * E, R * E, R * F, R * F, R * F, R * QW, R * QW, a->kv_total, a->kv_total, R * KV, R * KV};
+  enum { NS = sizeof(sz) / sizeof(sz[0]) };
   size_t total = 0;
-  for (size_t i = 0; i < sizeof(sz) / sizeof(sz[0]); i++) total += sz[i];
+  for (size_t i = 0; i < NS; i++) total += sz[i];
   float *mem = calloc(total, sizeof(float));
   if (!mem) return KVL_ENOMEM;
-  float *p = mem, *sl[10];
-  for (size_t i = 0; i < 10; i++) { sl[i] = p; p += sz[i]; }
+  float *p = mem, *sl[NS];
+  for (size_t i = 0; i < NS; i++) { sl[i] = p; p += sz[i]; }
   float *dh = sl[0], *dx = sl[1], *dh2 = sl[2], *ds = sl[3], *dg = sl[4], *du = sl[5], *dao = sl[6], *dq = sl[7];
-  float *dk = sl[8], *dv = sl[9];
+  float *dk = sl[8], *dv = sl[9], *dkc = sl[10], *dvc = sl[11];
   /* logits = xf · Woutᵀ ; xf = rmsnorm(h_fin) */
-  kvl_op_linear_backward(dx, NULL, NULL, dlogits, a->xf, d->out, T, E, hp->n_vocab);
-  kvl_op_rmsnorm_backward(dh, dx, a->h_fin, d->m->output_norm, a->rstd_f, T, E);
+  kvl_op_linear_backward(dx, NULL, NULL, dlogits, a->xf, d->out, (int)R, E, hp->n_vocab);
+  kvl_op_rmsnorm_backward(dh, dx, a->h_fin, d->m->output_norm, a->rstd_f, (int)R, E);
   for (int l = NL - 1; l >= 0; l--) {
     const struct dlayer *L = &d->L[l];
     const struct lacts *A = &a->L[l];
@@ -393,33 +444,50 @@ int kvl_dense_backward(kvl_dense_t *d, const kvl_dense_acts_t *a, const float *d
     memset(dg, 0, sz[4] * sizeof(float));
     memset(du, 0, sz[5] * sizeof(float));
     memset(dx, 0, sz[1] * sizeof(float));
-    kvl_op_linear_backward(ds, NULL, NULL, dh, A->s, L->wd, T, F, E);
-    kvl_op_swiglu_backward(dg, du, ds, A->g, A->u, (int64_t)T * F);
-    kvl_op_linear_backward(dx, NULL, NULL, dg, A->xn2, L->wg, T, E, F);
-    kvl_op_linear_backward(dx, NULL, NULL, du, A->xn2, L->wu, T, E, F);
+    kvl_op_linear_backward(ds, NULL, NULL, dh, A->s, L->wd, (int)R, F, E);
+    kvl_op_swiglu_backward(dg, du, ds, A->g, A->u, (int64_t)R * F);
+    kvl_op_linear_backward(dx, NULL, NULL, dg, A->xn2, L->wg, (int)R, E, F);
+    kvl_op_linear_backward(dx, NULL, NULL, du, A->xn2, L->wu, (int)R, E, F);
     memcpy(dh2, dh, sz[2] * sizeof(float)); /* residual */
-    kvl_op_rmsnorm_backward(dh2, dx, A->h_mid, L->ffn_norm, A->rstd2, T, E);
-    /* attention: h_mid = h_in + ao·Woᵀ */
+    kvl_op_rmsnorm_backward(dh2, dx, A->h_mid, L->ffn_norm, A->rstd2, (int)R, E);
+    /* attention: h_mid = h_in + ao·Woᵀ, per sequence over its own keys */
     memset(dao, 0, sz[6] * sizeof(float));
     memset(dq, 0, sz[7] * sizeof(float));
     memset(dk, 0, sz[8] * sizeof(float));
     memset(dv, 0, sz[9] * sizeof(float));
-    kvl_op_linear_backward(dao, NULL, NULL, dh2, A->ao, L->wo, T, QW, E);
-    kvl_op_attention_backward(dq, dk, dv, dao, A->att, A->q, A->kall, A->vall, T, P, H, KVH, D);
-    for (size_t i = 0; i < (size_t)P * KV; i++) {
-      dpk[l][i] += dk[i];
-      dpv[l][i] += dv[i];
+    kvl_op_linear_backward(dao, NULL, NULL, dh2, A->ao, L->wo, (int)R, QW, E);
+    for (int32_t b = 0; b < a->n_seq; b++) {
+      const size_t P = (size_t)a->P[b], T = (size_t)a->T[b], r = a->row[b];
+      float *dkb = dk + a->kv[b], *dvb = dv + a->kv[b];
+      kvl_op_attention_backward(dq + r * QW, dkb, dvb, dao + r * QW, A->att + a->at[b], A->q + r * QW,
+                                A->kall + a->kv[b], A->vall + a->kv[b], (int)T, (int)P, H, KVH, D);
+      for (size_t i = 0; i < P * KV; i++) {
+        dpk[b][l][i] += dkb[i];
+        dpv[b][l][i] += dvb[i];
+      }
+      memcpy(dkc + r * KV, dkb + P * KV, T * KV * sizeof(float));
+      memcpy(dvc + r * KV, dvb + P * KV, T * KV * sizeof(float));
     }
-    float *dkc = dk + (size_t)P * KV, *dvc = dv + (size_t)P * KV;
-    kvl_op_rope_backward(&d->m->rope, dq, a->pos, T, H);
-    kvl_op_rope_backward(&d->m->rope, dkc, a->pos, T, KVH);
+    kvl_op_rope_backward(&d->m->rope, dq, a->pos, (int)R, H);
+    kvl_op_rope_backward(&d->m->rope, dkc, a->pos, (int)R, KVH);
     memset(dx, 0, sz[1] * sizeof(float));
-    kvl_op_linear_backward(dx, NULL, NULL, dq, A->xn, L->wq, T, E, QW);
-    kvl_op_linear_backward(dx, NULL, NULL, dkc, A->xn, L->wk, T, E, KV);
-    kvl_op_linear_backward(dx, NULL, NULL, dvc, A->xn, L->wv, T, E, KV);
+    kvl_op_linear_backward(dx, NULL, NULL, dq, A->xn, L->wq, (int)R, E, QW);
+    kvl_op_linear_backward(dx, NULL, NULL, dkc, A->xn, L->wk, (int)R, E, KV);
+    kvl_op_linear_backward(dx, NULL, NULL, dvc, A->xn, L->wv, (int)R, E, KV);
     memcpy(dh, dh2, sz[0] * sizeof(float)); /* residual */
-    kvl_op_rmsnorm_backward(dh, dx, A->h_in, L->attn_norm, A->rstd1, T, E);
+    kvl_op_rmsnorm_backward(dh, dx, A->h_in, L->attn_norm, A->rstd1, (int)R, E);
   }
   free(mem);
   return 0;
+}
+
+int kvl_dense_forward(kvl_dense_t *d, const float *const *pk, const float *const *pv, int32_t P, const int32_t *tokens,
+                      int32_t T, float *logits, kvl_dense_acts_t **acts) {
+  const struct kvl_dense_seq s = {.pk = pk, .pv = pv, .P = P, .tokens = tokens, .T = T};
+  return kvl_dense_forward_batch(d, &s, 1, logits, acts);
+}
+
+int kvl_dense_backward(kvl_dense_t *d, const kvl_dense_acts_t *a, const float *dlogits, float *const *dpk,
+                       float *const *dpv) {
+  return kvl_dense_backward_batch(d, a, dlogits, &dpk, &dpv);
 }

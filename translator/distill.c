@@ -304,65 +304,95 @@ static void gather(const kvl_distill_t *d, const struct pmap *p, const uint16_t 
   }
 }
 
-/* The forward (and, with grads, the backward) of one sample. */
-static int run(kvl_distill_t *d, const struct kvl_distill_sample *s, float scale, double *kl, bool grads) {
-  const int32_t L = d->n_layer, P = s->P, W = d->w_dst, m = s->m;
+/* The forward (and, with grads, the backward) of n samples in one batch through the
+ * target: kl[b] gets sample b's mean KL; its gradient is added scaled by scale / m_b. */
+static int run(kvl_distill_t *d, const struct kvl_distill_sample *const *s, int32_t n, float scale, double *kl,
+               bool grads) {
+  const int32_t L = d->n_layer, W = d->w_dst;
   const kvl_model_t *tm = kvl_dense_model(d->target);
   const int32_t V = kvl_model_hparams(tm)->n_vocab, KVH = d->fp_dst.n_kv_head;
-  if (s->n_layer_src != d->fp_src.n_layer || s->w_src != d->w_src) return KVL_EMISMATCH;
-  for (int32_t i = 0; i < m; i++)
-    if (s->tokens[i] < 0 || s->tokens[i] >= V) return KVL_EFORMAT;
-  for (int64_t i = 0; i < (int64_t)m * s->k; i++)
-    if (s->top_ids[i] < 0 || s->top_ids[i] >= V) return KVL_EFORMAT;
-  int64_t max_rows = 0;
+  int64_t rows = 0, max_P = 0, max_rows = 0;
+  for (int32_t b = 0; b < n; b++) {
+    if (s[b]->n_layer_src != d->fp_src.n_layer || s[b]->w_src != d->w_src) return KVL_EMISMATCH;
+    for (int32_t i = 0; i < s[b]->m; i++)
+      if (s[b]->tokens[i] < 0 || s[b]->tokens[i] >= V) return KVL_EFORMAT;
+    for (int64_t i = 0; i < (int64_t)s[b]->m * s[b]->k; i++)
+      if (s[b]->top_ids[i] < 0 || s[b]->top_ids[i] >= V) return KVL_EFORMAT;
+    rows += s[b]->m;
+    max_P = s[b]->P > max_P ? s[b]->P : max_P;
+  }
   for (int32_t i = 0; i < 2 * L; i++) max_rows = d->maps[i].rows > max_rows ? d->maps[i].rows : max_rows;
-  float **pk = calloc((size_t)L, sizeof(float *)), **pv = calloc((size_t)L, sizeof(float *));
-  float *x = malloc((size_t)P * max_rows * sizeof(float)), *logits = malloc((size_t)m * V * sizeof(float));
-  float *dlog = grads ? malloc((size_t)m * V * sizeof(float)) : NULL;
-  int32_t *pos = malloc((size_t)P * sizeof(int32_t));
-  int rc = pk && pv && x && logits && pos && (!grads || dlog) ? 0 : KVL_ENOMEM;
-  for (int32_t l = 0; l < L && rc == 0; l++)
-    if (!(pk[l] = calloc((size_t)P * W, sizeof(float))) || !(pv[l] = calloc((size_t)P * W, sizeof(float)))) rc = KVL_ENOMEM;
-  for (int32_t t = 0; t < P && pos; t++) pos[t] = t;
-  const struct kvl_rope *rope = kvl_model_rope(tm);
-  /* the translated prefix: K = rope(X·Mk), V = Y·Mv */
-  for (int32_t l = 0; l < L && rc == 0; l++)
-    for (int which = 0; which < 2; which++) {
-      const struct pmap *p = &d->maps[2 * l + which];
-      gather(d, p, which ? s->src_v : s->src_k, P, x);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, P, (int)p->cols, (int)p->rows, 1.0f, x, (int)p->rows, p->w,
-                  (int)p->cols, 0.0f, which ? pv[l] : pk[l], W);
-      if (!which) kvl_op_rope_forward(rope, pk[l], pos, P, KVH);
-    }
-  kvl_dense_acts_t *acts = NULL;
-  if (rc == 0) rc = kvl_dense_forward(d->target, (const float *const *)pk, (const float *const *)pv, P, s->tokens, m, logits, &acts);
-  double sum = 0;
-  for (int32_t t = 0; t < m && rc == 0; t++)
-    sum += kvl_op_kl_topk(logits + (size_t)t * V, V, s->top_ids + (size_t)t * s->k, s->top_lp + (size_t)t * s->k, s->k,
-                          grads ? dlog + (size_t)t * V : NULL, scale / (float)m);
-  if (kl) *kl = sum / m;
-  if (rc == 0 && grads) {
-    for (int32_t l = 0; l < L; l++) {
-      memset(pk[l], 0, (size_t)P * W * sizeof(float));
-      memset(pv[l], 0, (size_t)P * W * sizeof(float));
-    }
-    rc = kvl_dense_backward(d->target, acts, dlog, pk, pv); /* pk, pv now hold the gradients */
+  /* pk[b][l], pv[b][l]: sample b's translated prefix (then, with grads, its gradient) */
+  float ***pk = calloc((size_t)n, sizeof(float **)), ***pv = calloc((size_t)n, sizeof(float **));
+  struct kvl_dense_seq *seq = calloc((size_t)n, sizeof(*seq));
+  float *x = malloc((size_t)max_P * max_rows * sizeof(float)), *logits = malloc((size_t)rows * V * sizeof(float));
+  float *dlog = grads ? malloc((size_t)rows * V * sizeof(float)) : NULL;
+  int32_t *pos = malloc((size_t)(max_P ? max_P : 1) * sizeof(int32_t));
+  int rc = pk && pv && seq && x && logits && pos && (!grads || dlog) ? 0 : KVL_ENOMEM;
+  for (int32_t b = 0; b < n && rc == 0; b++) {
+    if (!(pk[b] = calloc((size_t)L, sizeof(float *))) || !(pv[b] = calloc((size_t)L, sizeof(float *)))) rc = KVL_ENOMEM;
     for (int32_t l = 0; l < L && rc == 0; l++)
+      if (!(pk[b][l] = calloc((size_t)s[b]->P * W, sizeof(float))) || !(pv[b][l] = calloc((size_t)s[b]->P * W, sizeof(float))))
+        rc = KVL_ENOMEM;
+  }
+  for (int32_t t = 0; t < max_P && pos; t++) pos[t] = t;
+  const struct kvl_rope *rope = kvl_model_rope(tm);
+  /* the translated prefixes: K = rope(X·Mk), V = Y·Mv */
+  for (int32_t b = 0; b < n && rc == 0; b++) {
+    const int32_t P = s[b]->P;
+    for (int32_t l = 0; l < L; l++)
       for (int which = 0; which < 2; which++) {
-        struct pmap *p = &d->maps[2 * l + which];
-        if (!which) kvl_op_rope_backward(rope, pk[l], pos, P, KVH);
-        gather(d, p, which ? s->src_v : s->src_k, P, x);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)p->rows, (int)p->cols, P, 1.0f, x, (int)p->rows,
-                    which ? pv[l] : pk[l], W, 1.0f, p->g, (int)p->cols);
+        const struct pmap *p = &d->maps[2 * l + which];
+        gather(d, p, which ? s[b]->src_v : s[b]->src_k, P, x);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, P, (int)p->cols, (int)p->rows, 1.0f, x, (int)p->rows,
+                    p->w, (int)p->cols, 0.0f, which ? pv[b][l] : pk[b][l], W);
+        if (!which) kvl_op_rope_forward(rope, pk[b][l], pos, P, KVH);
       }
+    seq[b] = (struct kvl_dense_seq){.pk = (const float *const *)pk[b], .pv = (const float *const *)pv[b], .P = P,
+                                    .tokens = s[b]->tokens, .T = s[b]->m};
+  }
+  kvl_dense_acts_t *acts = NULL;
+  if (rc == 0) rc = kvl_dense_forward_batch(d->target, seq, n, logits, &acts);
+  for (int32_t b = 0, r = 0; b < n && rc == 0; r += s[b]->m, b++) {
+    const int32_t m = s[b]->m;
+    double sum = 0;
+    for (int32_t t = 0; t < m; t++) {
+      const size_t row = (size_t)(r + t);
+      sum += kvl_op_kl_topk(logits + row * V, V, s[b]->top_ids + (size_t)t * s[b]->k,
+                            s[b]->top_lp + (size_t)t * s[b]->k, s[b]->k, grads ? dlog + row * V : NULL, scale / (float)m);
+    }
+    if (kl) kl[b] = sum / m;
+  }
+  if (rc == 0 && grads) {
+    for (int32_t b = 0; b < n; b++)
+      for (int32_t l = 0; l < L; l++) {
+        memset(pk[b][l], 0, (size_t)s[b]->P * W * sizeof(float));
+        memset(pv[b][l], 0, (size_t)s[b]->P * W * sizeof(float));
+      }
+    rc = kvl_dense_backward_batch(d->target, acts, dlog, (float *const *const *)pk, (float *const *const *)pv);
+    /* pk, pv now hold the gradients */
+    for (int32_t b = 0; b < n && rc == 0; b++) {
+      const int32_t P = s[b]->P;
+      for (int32_t l = 0; l < L; l++)
+        for (int which = 0; which < 2; which++) {
+          struct pmap *p = &d->maps[2 * l + which];
+          if (!which) kvl_op_rope_backward(rope, pk[b][l], pos, P, KVH);
+          gather(d, p, which ? s[b]->src_v : s[b]->src_k, P, x);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)p->rows, (int)p->cols, P, 1.0f, x, (int)p->rows,
+                      which ? pv[b][l] : pk[b][l], W, 1.0f, p->g, (int)p->cols);
+        }
+    }
   }
   kvl_dense_acts_free(acts);
-  for (int32_t l = 0; l < L && pk && pv; l++) {
-    free(pk[l]);
-    free(pv[l]);
+  for (int32_t b = 0; b < n; b++) {
+    for (int32_t l = 0; l < L && pk && pk[b]; l++) free(pk[b][l]);
+    for (int32_t l = 0; l < L && pv && pv[b]; l++) free(pv[b][l]);
+    if (pk) free(pk[b]);
+    if (pv) free(pv[b]);
   }
   free(pk);
   free(pv);
+  free(seq);
   free(x);
   free(logits);
   free(dlog);
@@ -370,12 +400,27 @@ static int run(kvl_distill_t *d, const struct kvl_distill_sample *s, float scale
   return rc;
 }
 
+int kvl_distill_accumulate_batch(kvl_distill_t *d, const struct kvl_distill_sample *const *s, int32_t n, float scale,
+                                 double *kl) {
+  return n < 1 ? KVL_EINVAL : run(d, s, n, scale, kl, true);
+}
+
+int kvl_distill_eval_batch(kvl_distill_t *d, const struct kvl_distill_sample *const *s, int32_t n, double *kl) {
+  return n < 1 ? KVL_EINVAL : run(d, s, n, 1.0f, kl, false);
+}
+
 int kvl_distill_accumulate(kvl_distill_t *d, const struct kvl_distill_sample *s, float scale, double *kl) {
-  return run(d, s, scale, kl, true);
+  double k = 0;
+  int rc = run(d, &s, 1, scale, &k, true);
+  if (kl) *kl = k;
+  return rc;
 }
 
 int kvl_distill_eval(kvl_distill_t *d, const struct kvl_distill_sample *s, double *kl) {
-  return run(d, s, 1.0f, kl, false);
+  double k = 0;
+  int rc = run(d, &s, 1, 1.0f, &k, false);
+  if (kl) *kl = k;
+  return rc;
 }
 
 void kvl_distill_update(kvl_distill_t *d, float lr, double *grad_norm) {

@@ -81,6 +81,22 @@ int kvl_dense_forward(kvl_dense_t *d, const float *const *pk, const float *const
  * get d loss / d prefix K (after RoPE) and V *added*. 0 or KVL_ENOMEM. */
 int kvl_dense_backward(kvl_dense_t *d, const kvl_dense_acts_t *acts, const float *dlogits, float *const *dpk,
                        float *const *dpv);
+
+/* A batch of sequences in one pass: every linear layer runs once over all their rows (the
+ * weights are streamed once per batch instead of once per sequence), the attention per
+ * sequence over its own prefix. The same arithmetic as one kvl_dense_forward per sequence
+ * up to rounding; logits[Σ T][n_vocab] in sequence order. */
+struct kvl_dense_seq {
+  const float *const *pk, *const *pv; /* [n_layer], each [P][n_kv_head·head_dim] */
+  int32_t P;
+  const int32_t *tokens; /* [T] at positions P .. P+T-1 */
+  int32_t T;
+};
+int kvl_dense_forward_batch(kvl_dense_t *d, const struct kvl_dense_seq *seq, int32_t n_seq, float *logits,
+                            kvl_dense_acts_t **acts);
+/* dlogits[Σ T][n_vocab]; dpk[b][l], dpv[b][l] ([P_b][KV]) get sequence b's gradients added. */
+int kvl_dense_backward_batch(kvl_dense_t *d, const kvl_dense_acts_t *acts, const float *dlogits,
+                             float *const *const *dpk, float *const *const *dpv);
 void kvl_dense_acts_free(kvl_dense_acts_t *a);
 
 #endif /* KVL_TRAIN_H */

@@ -139,10 +139,38 @@ static double at_loss(void *ctx) {
   return dotw(a->out, a->wt, T * H * D);
 }
 
+/* The forward against the definition, one query, head and key at a time in double:
+ * out[t][h] = Σ_{j <= P+t} softmax_j(q·k_j / sqrt(D)) v_j, k and v of h's group. */
+static void attention_ref(double *out, const float *q, const float *k, const float *v) {
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < H; h++) {
+      const int g = h / (H / KVH), nk = P + t + 1;
+      double s[P + T], mx = -INFINITY, z = 0;
+      for (int j = 0; j < nk; j++) {
+        s[j] = 0;
+        for (int i = 0; i < D; i++) s[j] += (double)q[(t * H + h) * D + i] * k[(j * KVH + g) * D + i];
+        s[j] /= sqrt((double)D);
+        mx = fmax(mx, s[j]);
+      }
+      for (int j = 0; j < nk; j++) z += (s[j] = exp(s[j] - mx));
+      for (int i = 0; i < D; i++) {
+        double o = 0;
+        for (int j = 0; j < nk; j++) o += s[j] / z * v[(j * KVH + g) * D + i];
+        out[(t * H + h) * D + i] = o;
+      }
+    }
+}
+
 static void test_attention(void) {
   static struct at a;
   fill(a.q, sizeof(a.q) / 4, 1); fill(a.k, sizeof(a.k) / 4, 1); fill(a.v, sizeof(a.v) / 4, 1); fill(a.wt, sizeof(a.wt) / 4, 1);
   at_loss(&a);
+  static double want[T * H * D];
+  attention_ref(want, a.q, a.k, a.v);
+  double worst = 0;
+  for (int i = 0; i < T * H * D; i++) worst = fmax(worst, fabs(a.out[i] - want[i]));
+  printf("  attention forward vs reference: max |diff| %.2e\n", worst);
+  CHECK(worst < 1e-5);
   static float dq[T * H * D], dk[(P + T) * KVH * D], dv[(P + T) * KVH * D];
   kvl_op_attention_backward(dq, dk, dv, a.wt, a.att, a.q, a.k, a.v, T, P, H, KVH, D);
   CHECK_EQ_INT(check_grad("attention d q", a.q, sizeof(a.q) / 4, dq, at_loss, &a, 1e-2f, 1e-2, 1000), 0);

@@ -15,7 +15,7 @@
  *   kvl_distill_t *d;
  *   kvl_distill_new(init_translator, dense_target, &opts, &d, err, sizeof(err));
  *   for (step...) {
- *     for (b in batch) kvl_distill_accumulate(d, &samples[b], &kl);        // grads add up
+ *     kvl_distill_accumulate_batch(d, batch, 8, 1.0f / 8, kl);          // grads add up
  *     kvl_distill_update(d, lr, &grad_norm);                              // clip, AdamW, zero
  *   }
  *   kvl_distill_export(d, out_translator);                                // maps -> a translator
@@ -86,6 +86,11 @@ int64_t kvl_distill_params(const kvl_distill_t *d);
 int kvl_distill_accumulate(kvl_distill_t *d, const struct kvl_distill_sample *s, float scale, double *kl);
 /* The mean KL of a sample with the current maps, no gradient. */
 int kvl_distill_eval(kvl_distill_t *d, const struct kvl_distill_sample *s, double *kl);
+/* The same for n samples in one batch through the target (its linear layers stream their
+ * weights once for all n; the way to train on a CPU): kl[b] gets sample b's mean KL. */
+int kvl_distill_accumulate_batch(kvl_distill_t *d, const struct kvl_distill_sample *const *s, int32_t n, float scale,
+                                 double *kl);
+int kvl_distill_eval_batch(kvl_distill_t *d, const struct kvl_distill_sample *const *s, int32_t n, double *kl);
 /* Clip the accumulated gradient to the global norm, take one AdamW step at `lr`, zero
  * the accumulators. *grad_norm (optional) gets the norm before clipping. */
 void kvl_distill_update(kvl_distill_t *d, float lr, double *grad_norm);
