@@ -63,18 +63,48 @@ static void on_signal(int s) {
   g_stop = 1;
 }
 
-/* Samples of one split (and domain) from the sample store, or prepared and stored there. */
+/* A store entry's key (checked on load) and file name, for n samples. */
+static void store_name(const struct kvl_cli_model *src, const struct kvl_cli_model *dst, const char *corpus,
+                       const char *split, const char *domain, const char *store_dir, int32_t n, int32_t prefix,
+                       int32_t cont, int32_t topk, char *key, size_t keylen, char *path, size_t pathlen) {
+  struct stat st;
+  snprintf(key, keylen, "src=%s:%s dst=%s:%s corpus=%s:%lld split=%s domain=%s n=%d prefix=%d cont=%d topk=%d",
+           src->short_name, src->fp.tokenizer_hash, dst->short_name, dst->fp.tokenizer_hash, corpus,
+           stat(corpus, &st) == 0 ? (long long)st.st_size : -1LL, split, domain ? domain : "all", n, prefix, cont, topk);
+  snprintf(path, pathlen, "%s/%s-to-%s.%s%s%s.n%d-p%d-c%d-k%d.samples", store_dir, src->short_name, dst->short_name,
+           split, domain ? "-" : "", domain ? domain : "", n, prefix, cont, topk);
+}
+
+/* The largest stored set of the same options with fewer than `want` samples: the corpus
+ * hands out its windows in a fixed order, so those are the first samples of `want`. */
+static int load_smaller(const struct kvl_cli_model *src, const struct kvl_cli_model *dst, const char *corpus,
+                        const char *split, const char *domain, const char *store_dir, int32_t want, int32_t prefix,
+                        int32_t cont, int32_t topk, struct kvl_distill_sample **out, int32_t *n_out) {
+  char key[1024], path[4400], err[512];
+  for (int32_t n = want - 1; n >= 1; n--) { /* stat is cheap; n is a few hundred */
+    store_name(src, dst, corpus, split, domain, store_dir, n, prefix, cont, topk, key, sizeof(key), path, sizeof(path));
+    if (access(path, R_OK) != 0) continue;
+    if (kvl_distill_samples_load(path, key, out, n_out, err, sizeof(err)) == 0 && *n_out == n) {
+      fprintf(stderr, "%d samples from %s; preparing the other %d\n", n, path, want - n);
+      return 0;
+    }
+    if (*out) {
+      for (int32_t i = 0; i < *n_out; i++) kvl_distill_sample_free(&(*out)[i]);
+      free(*out);
+      *out = NULL;
+    }
+  }
+  *n_out = 0;
+  return KVL_ENOENT;
+}
+
+/* Samples of one split (and domain) from the sample store, or prepared and stored there
+ * (only those beyond a smaller stored set of the same options). */
 static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const char *corpus, const char *split,
                    const char *domain, const char *store_dir, int32_t want, int32_t prefix, int32_t cont, int32_t topk,
                    struct kvl_distill_sample **out, int32_t *n_out, char *err, size_t errlen) {
   char key[1024], path[4400], what[32];
-  struct stat st;
-  snprintf(key, sizeof(key), "src=%s:%s dst=%s:%s corpus=%s:%lld split=%s domain=%s n=%d prefix=%d cont=%d topk=%d",
-           src->short_name, src->fp.tokenizer_hash, dst->short_name, dst->fp.tokenizer_hash, corpus,
-           stat(corpus, &st) == 0 ? (long long)st.st_size : -1LL, split, domain ? domain : "all", want, prefix, cont,
-           topk);
-  snprintf(path, sizeof(path), "%s/%s-to-%s.%s%s%s.n%d-p%d-c%d-k%d.samples", store_dir, src->short_name,
-           dst->short_name, split, domain ? "-" : "", domain ? domain : "", want, prefix, cont, topk);
+  store_name(src, dst, corpus, split, domain, store_dir, want, prefix, cont, topk, key, sizeof(key), path, sizeof(path));
   snprintf(what, sizeof(what), "%s%s%s", split, domain ? " " : "", domain ? domain : "");
   int rc = kvl_distill_samples_load(path, key, out, n_out, err, errlen);
   if (rc == 0) {
@@ -82,26 +112,44 @@ static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const c
     return 0;
   }
   if (rc != KVL_ENOENT) fprintf(stderr, "%s; preparing them again\n", err);
+  struct kvl_distill_sample *have = NULL;
+  int32_t n_have = 0;
+  if (rc == KVL_ENOENT) load_smaller(src, dst, corpus, split, domain, store_dir, want, prefix, cont, topk, &have, &n_have);
   struct kvl_corpus_opts co = {.split_tsv = corpus, .split = split, .domain = domain, .ctx = prefix + cont,
                                .min_tokens = prefix + cont, .max_per_file = 4,
                                .max_tokens = (int64_t)(prefix + cont) * want, .chat_every = 4, .chat_model = dst->m};
   struct kvl_sample *smp;
-  int32_t n;
-  rc = kvl_corpus_samples(&co, dst->tk, &smp, &n, err, errlen);
-  if (rc < 0) return rc;
-  if (n > want) n = want;
+  int32_t n_smp;
+  rc = kvl_corpus_samples(&co, dst->tk, &smp, &n_smp, err, errlen);
+  if (rc < 0) {
+    for (int32_t i = 0; i < n_have; i++) kvl_distill_sample_free(&have[i]);
+    free(have);
+    return rc;
+  }
+  const int32_t n = n_smp < want ? n_smp : want;
   *out = calloc((size_t)(n > 0 ? n : 1), sizeof(**out));
+  /* the stored ones, where their scored tokens are this corpus's windows (else all again) */
+  int32_t reuse = n_have < n ? n_have : n;
+  for (int32_t i = 0; i < reuse; i++)
+    if (smp[i].n < prefix + cont || have[i].m != cont ||
+        memcmp(have[i].tokens, smp[i].ids + prefix - 1, (size_t)cont * sizeof(int32_t)))
+      reuse = 0;
+  for (int32_t i = 0; i < n_have; i++) {
+    if (i < reuse) (*out)[i] = have[i];
+    else kvl_distill_sample_free(&have[i]);
+  }
+  free(have);
   double t0 = kvl_cli_now();
-  for (int32_t i = 0; i < n && rc == 0; i++) {
+  for (int32_t i = reuse; i < n && rc == 0; i++) {
     if (smp[i].n < prefix + cont) { /* the corpus guarantees min_tokens; never read past a sample */
       rc = kvl_errf(err, errlen, KVL_EFORMAT, "corpus sample %d of %s has %d tokens, %d needed", i, what, smp[i].n,
                     prefix + cont);
       break;
     }
     rc = kvl_distill_prepare(src->m, dst->m, smp[i].ids, prefix, cont, topk, &(*out)[i], err, errlen);
-    kvl_cli_progress(what, i + 1, n, t0);
+    kvl_cli_progress(what, i + 1 - reuse, n - reuse, t0);
   }
-  kvl_samples_free(smp, n);
+  kvl_samples_free(smp, n_smp);
   *n_out = n;
   if (rc == 0) {
     mkdir(store_dir, 0755); /* one level: the default's parent is the model cache's */
