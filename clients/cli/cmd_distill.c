@@ -132,8 +132,10 @@ static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const c
   int32_t reuse = n_have < n ? n_have : n;
   for (int32_t i = 0; i < reuse; i++)
     if (smp[i].n < prefix + cont || have[i].m != cont ||
-        memcmp(have[i].tokens, smp[i].ids + prefix - 1, (size_t)cont * sizeof(int32_t)))
+        memcmp(have[i].tokens, smp[i].ids + prefix - 1, (size_t)cont * sizeof(int32_t))) {
+      fprintf(stderr, "%s: stored sample %d is not the corpus's window %d; preparing all %d\n", what, i, i, n);
       reuse = 0;
+    }
   for (int32_t i = 0; i < n_have; i++) {
     if (i < reuse) (*out)[i] = have[i];
     else kvl_distill_sample_free(&have[i]);
@@ -354,7 +356,12 @@ int kvl_cli_distill(int argc, char **argv) {
   double *kls = malloc((size_t)batch * sizeof(double));
   if (!order || !picked || !kls) {
     fprintf(stderr, "kvlingo distill: out of memory\n");
-    exit(1);
+    free(order);
+    free(picked);
+    free(kls);
+    fclose(lg);
+    rc = KVL_ENOMEM;
+    goto done;
   }
   for (int32_t i = 0; i < n_tr; i++) order[i] = i;
   unsigned long long rs = seed * 0x9E3779B97F4A7C15ull + 1;
