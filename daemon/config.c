@@ -342,16 +342,15 @@ void kvld_config_settle_router(struct kvld_config *c) {
   }
 }
 
-int kvld_config_load(struct kvld_config *c, const char *path, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return kvl_errf(err, errlen, KVL_ENOENT, "config %s: %s", path, strerror(errno));
+int kvld_config_load_mem(struct kvld_config *c, const void *data, size_t len, const char *name, char *err,
+                         size_t errlen) {
   yaml_parser_t ps;
   yaml_document_t doc;
-  yaml_parser_initialize(&ps);
-  yaml_parser_set_input_file(&ps, f);
+  if (!yaml_parser_initialize(&ps)) return kvl_errf(err, errlen, KVL_ENOMEM, "config %s: out of memory", name);
+  yaml_parser_set_input_string(&ps, data, len);
   int rc = 0;
   if (!yaml_parser_load(&ps, &doc)) {
-    rc = kvl_errf(err, errlen, KVL_EFORMAT, "config %s:%zu:%zu: %s", path, ps.problem_mark.line + 1,
+    rc = kvl_errf(err, errlen, KVL_EFORMAT, "config %s:%zu:%zu: %s", name, ps.problem_mark.line + 1,
                   ps.problem_mark.column + 1, ps.problem ? ps.problem : "YAML syntax error");
   } else {
     yaml_node_t *root = yaml_document_get_root_node(&doc);
@@ -361,12 +360,32 @@ int kvld_config_load(struct kvld_config *c, const char *path, char *err, size_t 
       w.err = inner;
       w.errlen = sizeof(inner);
       walk_root(&w, root, c);
-      if (w.rc) rc = kvl_errf(err, errlen, w.rc, "config %s: %s", path, inner);
+      if (w.rc) rc = kvl_errf(err, errlen, w.rc, "config %s: %s", name, inner);
     }
     yaml_document_delete(&doc);
   }
   yaml_parser_delete(&ps);
+  return rc;
+}
+
+int kvld_config_load(struct kvld_config *c, const char *path, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return kvl_errf(err, errlen, KVL_ENOENT, "config %s: %s", path, strerror(errno));
+  /* a configuration is a few kilobytes; 1 MiB is far more than any */
+  enum { MAX = 1 << 20 };
+  char *buf = malloc(MAX + 1);
+  if (!buf) {
+    fclose(f);
+    return kvl_errf(err, errlen, KVL_ENOMEM, "config %s: out of memory", path);
+  }
+  size_t n = fread(buf, 1, MAX + 1, f);
+  int rd = ferror(f);
   fclose(f);
+  int rc;
+  if (rd) rc = kvl_errf(err, errlen, KVL_EIO, "config %s: read error", path);
+  else if (n > MAX) rc = kvl_errf(err, errlen, KVL_EFORMAT, "config %s: larger than 1 MiB", path);
+  else rc = kvld_config_load_mem(c, buf, n, path, err, errlen);
+  free(buf);
   return rc;
 }
 

@@ -94,6 +94,10 @@ void kvld_config_defaults(struct kvld_config *c, const char *source_root);
 /* Read a YAML file over the defaults. An unknown key, a wrong type or a value out of
  * range is refused with the key's path ("models[1].kv_dtype: expected bf16 or f32"). */
 int kvld_config_load(struct kvld_config *c, const char *path, char *err, size_t errlen);
+/* The same from memory (`name` for messages: "config NAME:LINE:COL: ..."); the fuzz
+ * target tests/fuzz/fuzz-config.c drives it. */
+int kvld_config_load_mem(struct kvld_config *c, const void *data, size_t len, const char *name, char *err,
+                         size_t errlen);
 /* KVLINGO_GRPC_PORT, KVLINGO_HTTP_PORT, KVLINGO_AUTH_TOKEN, KVLINGO_ADMIN_TOKEN,
  * KVLINGO_LOG_LEVEL, KVLINGO_LISTEN override the file; flags override both. */
 int kvld_config_env(struct kvld_config *c, char *err, size_t errlen);

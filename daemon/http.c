@@ -396,19 +396,19 @@ static enum kvld_status openai_start(struct hconn *c, char *msg, size_t msglen) 
         return KVLD_INVALID_ARGUMENT;
       }
       if (json_is_array(content)) { /* [{type: text, text}] parts: concatenate the text */
-        char *txt = strdup("");
-        size_t k;
+        size_t total = 0, k, at = 0;
         json_t *part;
+        json_array_foreach(content, k, part) total += json_string_length(json_object_get(part, "text"));
+        char *txt = malloc(total + 1);
+        KVL_ASSERT(txt);
         json_array_foreach(content, k, part) {
-          const char *t = json_string_value(json_object_get(part, "text"));
-          if (t) {
-            char *n2 = malloc(strlen(txt) + strlen(t) + 1);
-            sprintf(n2, "%s%s", txt, t);
-            free(txt);
-            txt = n2;
-          }
+          json_t *t = json_object_get(part, "text");
+          size_t n = json_string_length(t);
+          if (n) memcpy(txt + at, json_string_value(t), n);
+          at += n;
         }
-        json_array_append_new(norm, json_pack("{s:O,s:s}", "role", json_object_get(m, "role"), "content", txt));
+        txt[at] = 0;
+        json_array_append_new(norm, json_pack("{s:O,s:s%}", "role", json_object_get(m, "role"), "content", txt, at));
         free(txt);
       } else
         json_array_append_new(norm, json_pack("{s:O,s:O}", "role", json_object_get(m, "role"), "content", content));

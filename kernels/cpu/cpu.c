@@ -6,6 +6,7 @@
  * decode kernels (up to 16 tokens), bf16 GEMMs through oneDNN (the avx512bf16 level), or
  * fp32: weights dequantised a chunk of rows at a time, then the level's outer-product
  * kernel (gemm_xt, batch-invariant) or, on the portable level, gemm_tile. */
+#include <cpuid.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -425,13 +426,20 @@ static kvl_backend_t be_avx512bf16 = {.name = "cpu-avx512-bf16", .ops = &cpu_ops
 static kvl_backend_t be_avx512bf16_exact = {.name = "cpu-avx512-bf16-prefill", .ops = &cpu_ops,
                                             .simd = &kvl__simd_avx512, .bf16_min_t = 1};
 
+/* F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know
+ * "f16c", and the fuzz build (tests/fuzz/README.md) is a clang build */
+static bool has_f16c(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 kvl_backend_t *kvl_backend_cpu_level(const char *level) {
   __builtin_cpu_init();
   if (!strcmp(level, "scalar")) return &be_scalar;
   if (!strcmp(level, "avx2"))
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &be_avx2 : NULL;
   if (!strcmp(level, "avx2int8"))
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()
                ? &be_avx2int8
                : NULL;
   bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -231,7 +231,13 @@ check(s_text == r.choices[0].message.content and s_usage and s_usage.completion_
       and s_fin == r.choices[0].finish_reason, "openai: streamed chat (SSE) equals the unary one, usage at the end")
 c = oai.completions.create(model="large", prompt=prompt, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
 check(c.choices[0].text and c.usage.completion_tokens == 8, f"openai: completion {c.choices[0].text!r}")
-for u in (r.usage, s_usage, c.usage):
+# content as a list of text parts (the OpenAI vision-style message) is their concatenation
+parts = [{"role": "user", "content": [{"type": "text", "text": "Write a Python function "},
+                                      {"type": "text", "text": "that adds two numbers."}]}]
+rp = oai.chat.completions.create(model="small", messages=parts, max_tokens=16, temperature=0)
+check(rp.choices[0].message.content == r.choices[0].message.content
+      and rp.usage.prompt_tokens == r.usage.prompt_tokens, "openai: content parts equal their concatenated text")
+for u in (r.usage, s_usage, c.usage, rp.usage):
     sent["requests"] += 1
     sent["prompt"] += u.prompt_tokens
     sent["generated"] += u.completion_tokens
