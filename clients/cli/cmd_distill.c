@@ -430,7 +430,7 @@ int kvl_cli_distill(int argc, char **argv) {
     fprintf(stderr, "kvlingo distill: %s\n", err);
     goto done;
   }
-  if (g_stop) {
+  if (g_stop && kvl_distill_steps(d) < steps) { /* a signal during the last step: the run is complete */
     fprintf(stderr, "stopped at step %lld; run the same command again to resume from %s\n", (long long)kvl_distill_steps(d), ckpt);
     goto done;
   }
