@@ -91,8 +91,9 @@ struct kvld_config {
 /* Defaults: the Qwen2.5-Coder pair from the models directory with the committed
  * translators, CPU, gRPC 50051, HTTP 8000, localhost. */
 void kvld_config_defaults(struct kvld_config *c, const char *source_root);
-/* Read a YAML file over the defaults. An unknown key, a wrong type or a value out of
- * range is refused with the key's path ("models[1].kv_dtype: expected bf16 or f32"). */
+/* Read a YAML file (at most 1 MiB) over the defaults. An unknown key, a wrong type or a
+ * value out of range is refused with the key's path ("models[1].kv_dtype: expected bf16
+ * or f32"). */
 int kvld_config_load(struct kvld_config *c, const char *path, char *err, size_t errlen);
 /* The same from memory (`name` for messages: "config NAME:LINE:COL: ..."); the fuzz
  * target tests/fuzz/fuzz-config.c drives it. */
