@@ -268,7 +268,7 @@ int kvld_model_find(const struct kvld *d, const char *name);
 /* Slot i holds a model that serves requests. */
 bool kvld_model_live(const struct kvld *d, int i);
 
-/* ---- models (main.c) and their administration (admin.c) ------------------------------- */
+/* ---- models (model.c) and their administration (admin.c) ------------------------------- */
 
 void kvld_model_cfg_default(struct kvld_model_cfg *c);
 /* Open the file, tokenizer and template into m (no loop or engine state: runs on a worker
@@ -362,6 +362,9 @@ struct kvld_req {
   int n_ent, w_ent;
 };
 
+/* A client's string for a message: printable ASCII as is, every other byte as \xNN, cut
+ * with "..." to fit outlen (so that messages stay valid UTF-8 in JSON and gRPC status). */
+void kvld_escape(const char *s, char *out, size_t outlen);
 /* Validate and resolve: fills p from already-decoded fields. Returns KVLD_OK or a status
  * with a message naming the problem. `text`, `ids`, `chat` (jansson array of {role,
  * content}): exactly one non-NULL. */
@@ -375,6 +378,20 @@ enum kvld_status kvld_set_stops(struct kvld *d, struct kvld_gen_params *p, const
                                 const char *const *strings, size_t n_strings, char *msg, size_t msglen);
 /* Sampling fields into p->sampling, validated (the sampler's own checks). */
 enum kvld_status kvld_check_sampling(struct kvld *d, struct kvld_gen_params *p, char *msg, size_t msglen);
+/* The front ends' request decoders (request.c), fuzzed by tests/fuzz/fuzz-request.c: an
+ * OpenAI completions (chat = false) or chat completions body, or a decoded gRPC
+ * GenerateRequest, into p ready for kvld_req_start. The conversation id comes from the
+ * body's field or else the affinity header (HTTP: the header wins; gRPC: the field wins).
+ * On failure a status and message, and p is left freed. */
+struct kvld_openai_flags {
+  bool stream, include_usage; /* `stream`, `stream_options.include_usage` */
+};
+enum kvld_status kvld_openai_request(struct kvld *d, bool chat, const char *body, size_t len, const char *conv_header,
+                                     struct kvld_gen_params *p, struct kvld_openai_flags *f, char *msg,
+                                     size_t msglen);
+struct Kvlingo__V1__GenerateRequest;
+enum kvld_status kvld_pb_request(struct kvld *d, const struct Kvlingo__V1__GenerateRequest *q, const char *conv_md,
+                                 struct kvld_gen_params *p, char *msg, size_t msglen);
 /* Start: takes ownership of p. On failure (status != OK) nothing is left to free and no
  * sink call happens. */
 enum kvld_status kvld_req_start(struct kvld *d, struct kvld_gen_params *p, kvld_sink_fn sink, void *ud,

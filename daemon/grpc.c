@@ -407,104 +407,6 @@ static bool token_ok(const grpc_metadata_array *md, const char *header, const ch
   return diff == 0;
 }
 
-static enum kvld_status sampling_from_pb(const Kvlingo__V1__SamplingParams *s, struct kvld_gen_params *p, char *msg,
-                                         size_t msglen) {
-  kvl_sampler_params_init(&p->sampling);
-  if (!s) return KVLD_OK;
-  if (s->has_temperature_case) p->sampling.temperature = s->temperature;
-  if (s->has_top_p_case) p->sampling.top_p = s->top_p;
-  if (s->has_top_k_case) p->sampling.top_k = s->top_k < 0 ? 0 : s->top_k;
-  if (s->has_min_p_case) p->sampling.min_p = s->min_p;
-  if (s->has_repetition_penalty_case) p->sampling.repetition_penalty = s->repetition_penalty;
-  if (s->has_presence_penalty_case) p->sampling.presence_penalty = s->presence_penalty;
-  if (s->has_frequency_penalty_case) p->sampling.frequency_penalty = s->frequency_penalty;
-  if (s->has_seed_case) {
-    p->sampling.seed = s->seed;
-    p->sampling.has_seed = true;
-  }
-  if (s->n > 1) {
-    snprintf(msg, msglen, "n = %u: more than one choice per request is not supported yet", s->n);
-    return KVLD_INVALID_ARGUMENT;
-  }
-  if (s->n_logit_bias) {
-    p->bias = calloc(s->n_logit_bias, sizeof(*p->bias));
-    if (!p->bias) return KVLD_RESOURCE_EXHAUSTED;
-    for (size_t i = 0; i < s->n_logit_bias; i++) {
-      p->bias[i].token = s->logit_bias[i]->key;
-      p->bias[i].bias = s->logit_bias[i]->value;
-    }
-    p->sampling.bias = p->bias;
-    p->sampling.n_bias = (int)s->n_logit_bias;
-  }
-  return KVLD_OK;
-}
-
-static enum kvld_status gen_from_pb(struct kvld *d, const Kvlingo__V1__GenerateRequest *q,
-                                    const grpc_metadata_array *md, struct kvld_gen_params *p, char *msg, size_t msglen) {
-  memset(p, 0, sizeof(*p));
-  /* the conversation: the field, else the affinity header's metadata */
-  const char *cid = q->conversation_id && q->conversation_id[0] ? q->conversation_id : NULL;
-  char from_md[256] = "";
-  if (!cid && md_value(md, "x-kvlingo-conversation", from_md, sizeof(from_md)) && from_md[0]) cid = from_md;
-  if (cid) {
-    if (kvld_conv_check_id(cid, msg, msglen) != KVLD_OK) return KVLD_INVALID_ARGUMENT;
-    snprintf(p->conversation, sizeof(p->conversation), "%.127s", cid);
-  }
-  enum kvld_status st;
-  json_t *chat = NULL;
-  const char *text = NULL;
-  size_t text_len = 0;
-  const int32_t *ids = NULL;
-  size_t n_ids = 0;
-  bool cont = false;
-  switch (q->input_case) {
-  case KVLINGO__V1__GENERATE_REQUEST__INPUT_TEXT:
-    text = q->text;
-    text_len = strlen(q->text);
-    break;
-  case KVLINGO__V1__GENERATE_REQUEST__INPUT_TOKENS:
-    if (q->tokens->n_ids == 0) {
-      snprintf(msg, msglen, "the prompt is empty (no token ids)");
-      return KVLD_INVALID_ARGUMENT;
-    }
-    ids = q->tokens->ids;
-    n_ids = q->tokens->n_ids;
-    break;
-  case KVLINGO__V1__GENERATE_REQUEST__INPUT_CHAT:
-    chat = json_array();
-    for (size_t i = 0; i < q->chat->n_messages; i++)
-      json_array_append_new(chat, json_pack("{s:s,s:s}", "role", q->chat->messages[i]->role, "content",
-                                            q->chat->messages[i]->content));
-    cont = q->chat->continue_final_message;
-    break;
-  default:
-    snprintf(msg, msglen, "no input: set text, tokens or chat");
-    return KVLD_INVALID_ARGUMENT;
-  }
-  if (chat && json_array_size(chat) != q->chat->n_messages) { /* json_pack refuses invalid UTF-8 */
-    json_decref(chat);
-    snprintf(msg, msglen, "a chat message is not valid UTF-8");
-    return KVLD_INVALID_ARGUMENT;
-  }
-  char conv[sizeof(p->conversation)];
-  memcpy(conv, p->conversation, sizeof(conv));
-  st = kvld_prepare(d, q->model, text, text_len, ids, n_ids, chat, cont, p, msg, msglen);
-  json_decref(chat);
-  memcpy(p->conversation, conv, sizeof(conv));
-  if (st != KVLD_OK) return st;
-  if ((st = sampling_from_pb(q->sampling, p, msg, msglen)) != KVLD_OK) return st;
-  p->max_tokens = q->max_tokens > (uint32_t)INT32_MAX ? INT32_MAX : (int32_t)q->max_tokens;
-  p->logprobs = q->logprobs > 0;
-  p->sampling.logprobs = p->logprobs;
-  p->ignore_eos = q->ignore_eos;
-  p->reprefill = q->reprefill;
-  snprintf(p->request_id, sizeof(p->request_id), "%s", q->request_id ? q->request_id : "");
-  if ((st = kvld_check_sampling(d, p, msg, msglen)) != KVLD_OK) return st;
-  return kvld_set_stops(d, p, q->stop_token_ids, q->n_stop_token_ids, (const char *const *)q->stop, q->n_stop, msg,
-                        msglen);
-}
-
-
 /* Decode the request as `desc`; on failure answer INVALID_ARGUMENT naming the message and
  * return NULL. Free with protobuf_c_message_free_unpacked. */
 static void *unpack(struct call *c, const ProtobufCMessageDescriptor *desc, const uint8_t *buf, size_t len) {
@@ -665,7 +567,9 @@ static void handle(struct call *c) {
     Grpc__Health__V1__HealthCheckRequest *q = unpack(c, &grpc__health__v1__health_check_request__descriptor, buf, len);
     if (!q) break;
     if (q->service[0] && strcmp(q->service, "kvlingo.v1.Inference") != 0) {
-      snprintf(msg, sizeof(msg), "unknown service '%s'", q->service);
+      char shown[96];
+      kvld_escape(q->service, shown, sizeof(shown));
+      snprintf(msg, sizeof(msg), "unknown service '%s'", shown);
       send_status(c, KVLD_NOT_FOUND, msg, NULL);
     } else {
       Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
@@ -684,12 +588,12 @@ static void handle(struct call *c) {
     Kvlingo__V1__GenerateRequest *q = unpack(c, &kvlingo__v1__generate_request__descriptor, buf, len);
     if (!q) break;
     struct kvld_gen_params p;
-    enum kvld_status st = gen_from_pb(d, q, &c->md, &p, msg, sizeof(msg));
+    char conv_md[256] = "";
+    md_value(&c->md, "x-kvlingo-conversation", conv_md, sizeof(conv_md));
+    enum kvld_status st = kvld_pb_request(d, q, conv_md, &p, msg, sizeof(msg));
     kvlingo__v1__generate_request__free_unpacked(q, NULL);
     if (st == KVLD_OK)
       st = kvld_req_start(d, &p, c->m == M_GENERATE ? generate_sink : complete_sink, c, &c->req, msg, sizeof(msg));
-    else
-      kvld_gen_params_free(&p);
     if (st != KVLD_OK) send_status(c, st, msg, NULL);
     break;
   }
@@ -726,7 +630,9 @@ static void handle(struct call *c) {
     if (!q) break;
     int mi = kvld_model_find(d, q->model);
     if (mi < 0) {
-      snprintf(msg, sizeof(msg), "unknown model '%s'", q->model);
+      char shown[96];
+      kvld_escape(q->model, shown, sizeof(shown));
+      snprintf(msg, sizeof(msg), "unknown model '%s'", shown);
       send_status(c, KVLD_NOT_FOUND, msg, NULL);
     } else {
       int nv = kvl_model_hparams(d->models[mi].m)->n_vocab;

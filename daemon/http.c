@@ -75,7 +75,10 @@ static enum MHD_Result reply_json(struct MHD_Connection *conn, unsigned status, 
 }
 
 static enum MHD_Result error_json(struct MHD_Connection *conn, unsigned status, const char *type, const char *msg) {
-  return reply_json(conn, status, json_pack("{s:{s:s,s:s,s:i}}", "error", "message", msg, "type", type, "code", status));
+  json_t *j = json_pack("{s:{s:s,s:s,s:i}}", "error", "message", msg, "type", type, "code", status);
+  if (!j) /* not UTF-8: the decoders escape what they echo, so this is a bug, but not a crash */
+    j = json_pack("{s:{s:s,s:s,s:i}}", "error", "message", "(unprintable message)", "type", type, "code", status);
+  return reply_json(conn, status, j);
 }
 
 static bool authorized(struct kvld *d, struct MHD_Connection *conn) {
@@ -340,164 +343,21 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
   return 0;
 }
 
-static double num(json_t *o, const char *k, double def, bool *present) {
-  json_t *v = json_object_get(o, k);
-  if (present) *present = v && !json_is_null(v);
-  return json_is_number(v) ? json_number_value(v) : def;
-}
-
-/* Parse the body and start the request; on failure a status and message. */
+/* Decode the body (request.c) and start the request; on failure a status and message. */
 static enum kvld_status openai_start(struct hconn *c, char *msg, size_t msglen) {
   struct kvld *d = c->h->d;
-  json_error_t je;
-  /* JSON_ALLOW_NUL: "\u0000" in a prompt is text like any other (the daemon writes it in answers) */
-  json_t *j = json_loadb(c->body ? c->body : "", c->len, JSON_ALLOW_NUL, &je);
-  if (!j || !json_is_object(j)) {
-    snprintf(msg, msglen, "the body is not a JSON object (%s)", j ? "not an object" : je.text);
-    json_decref(j);
-    return KVLD_INVALID_ARGUMENT;
-  }
   struct kvld_gen_params p;
-  memset(&p, 0, sizeof(p));
-  enum kvld_status st;
-  const char *model = json_string_value(json_object_get(j, "model"));
-  /* the conversation: the affinity header, else the body's conversation_id */
+  struct kvld_openai_flags f;
   const char *cid = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "x-kvlingo-conversation");
-  json_t *jc = json_object_get(j, "conversation_id");
-  if ((!cid || !*cid) && jc && !json_is_string(jc)) {
-    json_decref(j);
-    snprintf(msg, msglen, "'conversation_id' must be a string");
-    return KVLD_INVALID_ARGUMENT;
-  }
-  if (!cid || !*cid) cid = json_string_value(jc);
-  char conv[sizeof(p.conversation)] = "";
-  if (cid && *cid) {
-    if ((st = kvld_conv_check_id(cid, msg, msglen)) != KVLD_OK) {
-      json_decref(j);
-      return st;
-    }
-    snprintf(conv, sizeof(conv), "%.127s", cid);
-  }
-  if (c->route == R_CHAT) {
-    json_t *msgs = json_object_get(j, "messages");
-    if (!json_is_array(msgs)) {
-      json_decref(j);
-      snprintf(msg, msglen, "'messages' must be an array of {role, content}");
-      return KVLD_INVALID_ARGUMENT;
-    }
-    json_t *norm = json_array(), *m;
-    size_t i;
-    json_array_foreach(msgs, i, m) {
-      json_t *content = json_object_get(m, "content");
-      if (!json_is_string(json_object_get(m, "role")) || !(json_is_string(content) || json_is_array(content))) {
-        json_decref(norm);
-        json_decref(j);
-        snprintf(msg, msglen, "messages[%zu]: needs a string 'role' and a string 'content'", i);
-        return KVLD_INVALID_ARGUMENT;
-      }
-      if (json_is_array(content)) { /* [{type: text, text}] parts: concatenate the text */
-        size_t total = 0, k, at = 0;
-        json_t *part;
-        json_array_foreach(content, k, part) total += json_string_length(json_object_get(part, "text"));
-        char *txt = malloc(total + 1);
-        KVL_ASSERT(txt);
-        json_array_foreach(content, k, part) {
-          json_t *t = json_object_get(part, "text");
-          size_t n = json_string_length(t);
-          if (n) memcpy(txt + at, json_string_value(t), n);
-          at += n;
-        }
-        txt[at] = 0;
-        json_array_append_new(norm, json_pack("{s:O,s:s%}", "role", json_object_get(m, "role"), "content", txt, at));
-        free(txt);
-      } else
-        json_array_append_new(norm, json_pack("{s:O,s:O}", "role", json_object_get(m, "role"), "content", content));
-    }
-    st = kvld_prepare(d, model, NULL, 0, NULL, 0, norm, false, &p, msg, msglen);
-    json_decref(norm);
-  } else {
-    json_t *pr = json_object_get(j, "prompt");
-    if (json_is_string(pr))
-      st = kvld_prepare(d, model, json_string_value(pr), json_string_length(pr), NULL, 0, NULL, false, &p, msg, msglen);
-    else if (json_is_array(pr) && json_array_size(pr) > 0 && json_is_integer(json_array_get(pr, 0))) {
-      size_t n = json_array_size(pr);
-      int32_t *ids = malloc(n * sizeof(int32_t));
-      for (size_t i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(pr, i));
-      st = kvld_prepare(d, model, NULL, 0, ids, n, NULL, false, &p, msg, msglen);
-      free(ids);
-    } else {
-      snprintf(msg, msglen, "'prompt' must be a string or an array of token ids");
-      st = KVLD_INVALID_ARGUMENT;
-    }
-  }
-  if (st != KVLD_OK) goto fail;
-  memcpy(p.conversation, conv, sizeof(conv));
-  kvl_sampler_params_init(&p.sampling);
-  bool has;
-  p.sampling.temperature = (float)num(j, "temperature", 1.0, NULL);
-  p.sampling.top_p = (float)num(j, "top_p", 1.0, NULL);
-  double tk = num(j, "top_k", 0, NULL);
-  p.sampling.top_k = tk < 0 ? 0 : (int)tk;
-  p.sampling.min_p = (float)num(j, "min_p", 0, NULL);
-  p.sampling.presence_penalty = (float)num(j, "presence_penalty", 0, NULL);
-  p.sampling.frequency_penalty = (float)num(j, "frequency_penalty", 0, NULL);
-  p.sampling.repetition_penalty = (float)num(j, "repetition_penalty", 1, NULL);
-  double seed = num(j, "seed", 0, &has);
-  if (has) {
-    p.sampling.seed = (uint64_t)seed;
-    p.sampling.has_seed = true;
-  }
-  double nn = num(j, "n", 1, NULL);
-  if (nn != 1) {
-    snprintf(msg, msglen, "n = %g: only one choice per request is supported so far", nn);
-    st = KVLD_INVALID_ARGUMENT;
-    goto fail;
-  }
-  double mt = num(j, "max_completion_tokens", -1, &has);
-  if (!has) mt = num(j, "max_tokens", 0, NULL);
-  if (mt < 0 || mt > 1e9) mt = 1e9;
-  p.max_tokens = (int32_t)mt;
-  json_t *bias = json_object_get(j, "logit_bias");
-  if (json_is_object(bias) && json_object_size(bias)) {
-    p.bias = calloc(json_object_size(bias), sizeof(*p.bias));
-    const char *k;
-    json_t *v;
-    int nb = 0;
-    json_object_foreach(bias, k, v) {
-      p.bias[nb].token = atoi(k);
-      p.bias[nb].bias = (float)json_number_value(v);
-      nb++;
-    }
-    p.sampling.bias = p.bias;
-    p.sampling.n_bias = nb;
-  }
-  if ((st = kvld_check_sampling(d, &p, msg, msglen)) != KVLD_OK) goto fail;
-  struct kvld_model *m = &d->models[p.model];
-  p.ignore_eos = json_is_true(json_object_get(j, "ignore_eos"));
-  /* kvlingo's extension, as gRPC's GenerateRequest.reprefill: prefill instead of translating */
-  p.reprefill = json_is_true(json_object_get(j, "reprefill"));
-  json_t *stop = json_object_get(j, "stop");
-  size_t ns = json_is_string(stop) ? 1 : json_is_array(stop) ? json_array_size(stop) : 0;
-  const char **strs = calloc(ns + 1, sizeof(char *));
-  for (size_t i = 0; i < ns; i++) {
-    json_t *sv = json_is_string(stop) ? stop : json_array_get(stop, i);
-    strs[i] = json_is_string(sv) ? json_string_value(sv) : NULL; /* refused below as empty */
-  }
-  st = kvld_set_stops(d, &p, NULL, 0, strs, ns, msg, msglen);
-  free(strs);
-  if (st != KVLD_OK) goto fail;
-  c->stream = json_is_true(json_object_get(j, "stream"));
-  c->include_usage = json_is_true(json_object_get(json_object_get(j, "stream_options"), "include_usage"));
-  snprintf(c->model, sizeof(c->model), "%s", m->name);
+  enum kvld_status st = kvld_openai_request(d, c->route == R_CHAT, c->body, c->len, cid, &p, &f, msg, msglen);
+  if (st != KVLD_OK) return st;
+  c->stream = f.stream;
+  c->include_usage = f.include_usage;
+  snprintf(c->model, sizeof(c->model), "%s", d->models[p.model].name);
   snprintf(c->id, sizeof(c->id), "%s-%llu", c->route == R_CHAT ? "chatcmpl" : "cmpl",
            (unsigned long long)++c->h->next_id);
   c->created = (long)time(NULL);
-  json_decref(j);
   return kvld_req_start(d, &p, http_sink, c, &c->req, msg, msglen);
-fail:
-  kvld_gen_params_free(&p);
-  json_decref(j);
-  return st;
 }
 
 static enum MHD_Result openai(struct hconn *c, struct MHD_Connection *conn, const char *upload, size_t *upload_size) {

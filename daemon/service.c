@@ -50,6 +50,17 @@ static enum kvld_status fail(char *msg, size_t msglen, enum kvld_status st, cons
   return st;
 }
 
+void kvld_escape(const char *s, char *out, size_t outlen) {
+  size_t o = 0;
+  for (; *s && o + 5 < outlen; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c >= 0x20 && c < 0x7f) out[o++] = (char)c;
+    else o += (size_t)snprintf(out + o, outlen - o, "\\x%02x", c);
+  }
+  if (*s && o + 3 < outlen) o += (size_t)snprintf(out + o, outlen - o, "...");
+  if (outlen) out[o < outlen ? o : outlen - 1] = 0;
+}
+
 enum kvld_status kvld_prepare(struct kvld *d, const char *model, const char *text, size_t text_len,
                               const int32_t *ids, size_t n_ids, const void *chat_json, bool continue_final,
                               struct kvld_gen_params *p, char *msg, size_t msglen) {
@@ -59,7 +70,9 @@ enum kvld_status kvld_prepare(struct kvld *d, const char *model, const char *tex
     for (int i = 0; i < d->n_models; i++)
       if (kvld_model_live(d, i))
         snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s, ", d->models[i].name);
-    return fail(msg, msglen, KVLD_NOT_FOUND, "unknown model '%s' (resident: %sor auto)", model, names);
+    char shown[96];
+    kvld_escape(model, shown, sizeof(shown));
+    return fail(msg, msglen, KVLD_NOT_FOUND, "unknown model '%s' (resident: %sor auto)", shown, names);
   }
   struct kvld_model *m = &d->models[mi];
   p->model = mi;

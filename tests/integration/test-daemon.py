@@ -17,6 +17,7 @@ usage: test-daemon.py KVLINGOD KVLINGO PROTO_DIR real MODELS_DIR
 (tiny: two tiny synthetic models with a tokenizer and a chat template, written by the
 tool: the fast tier, no downloads.)
 """
+import json
 import os
 import random
 import signal
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 
 kvlingod, kvlingo, proto_dir, mode, where = sys.argv[1:6]
@@ -246,6 +248,28 @@ try:
     check(False, "openai: top_p 2 accepted")
 except BadRequestError as e:
     check("top_p" in str(e), "openai: top_p 2 refused with 400 naming top_p")
+try:
+    oai.completions.create(model="small", prompt="x", seed=1.5)
+    check(False, "openai: seed 1.5 accepted")
+except BadRequestError as e:
+    check("seed" in str(e), "openai: a non-integer seed refused with 400 naming seed")
+
+
+def raw_post(path, body):
+    """POST bytes as they are (no client library between): (status, parsed JSON body)."""
+    q = urllib.request.Request(f"http://127.0.0.1:{hport}{path}", data=body, method="POST",
+                               headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(q, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+# a malformed body whose error text (jansson quotes the input near the error) would cut a
+# UTF-8 character: a 400 with a JSON error, not a dropped connection (found by fuzz-request)
+st, body = raw_post("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\u000\xce\x9d"}]}')
+check(st == 400 and "not a JSON object" in body["error"]["message"], f"openai: malformed body near UTF-8 -> {st}")
 try:
     OpenAI(base_url=f"http://127.0.0.1:{hport}/v1", api_key="wrong").models.list()
     check(False, "openai: wrong key accepted")
