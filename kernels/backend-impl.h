@@ -112,6 +112,8 @@ struct kvl_backend {
                const int32_t *xs, float *out);
   int (*qdot_vec)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *sx, const float *cx,
                   int n_tokens, float *out);
+  int qdot_max_t; /* CPU backend: the int8 decode kernels take products of up to this many
+                   * tokens, fp32 above (0: KVL__QDOT_USE_T); KVL_DECODE_INT8_MAX=N overrides */
   int bf16_min_t; /* CPU backend: products of at least this many tokens in bf16 (0: never) */
   /* CPU backend: products of at least amx_min_t tokens on the int8 formats through qmatmul
    * (AMX tiles; 0: never) */

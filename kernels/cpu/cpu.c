@@ -39,6 +39,20 @@ static bool vec_decode_enabled(void) {
   return on;
 }
 
+/* The most tokens a product takes on the int8 decode kernels: the level's own limit, or
+ * KVL_DECODE_INT8_MAX=N (1..KVL__QDOT_USE_T; 0 = never) for measuring where the crossover
+ * with fp32 lies on a processor (bench/README.md). */
+static int qdot_max_t(const kvl_backend_t *be) {
+  static int env = -2;
+  if (env == -2) {
+    const char *e = getenv("KVL_DECODE_INT8_MAX");
+    env = e && *e ? atoi(e) : -1;
+    if (env > KVL__QDOT_USE_T) env = KVL__QDOT_USE_T;
+  }
+  if (env >= 0) return env;
+  return be->qdot_max_t ? be->qdot_max_t : KVL__QDOT_USE_T;
+}
+
 static bool qdot_type(uint32_t t) {
   return t == KVL_TYPE_Q8_0 || t == KVL_TYPE_Q5_0 || t == KVL_TYPE_Q4_K || t == KVL_TYPE_Q6_K;
 }
@@ -207,7 +221,7 @@ static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const floa
   if (be->amx_min_t && n_tokens >= be->amx_min_t && qdot_type(w->type) && int8_decode_enabled() &&
       amx_matmul(be, w, x, y, n_tokens) == 0)
     return;
-  if (be->qdot && n_tokens <= KVL__QDOT_USE_T && qdot_type(w->type) && int8_decode_enabled()) {
+  if (be->qdot && n_tokens <= qdot_max_t(be) && qdot_type(w->type) && int8_decode_enabled()) {
     qdot_matmul(be, w, x, y, n_tokens);
     return;
   }
