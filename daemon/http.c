@@ -76,8 +76,11 @@ static enum MHD_Result reply_json(struct MHD_Connection *conn, unsigned status, 
 
 static enum MHD_Result error_json(struct MHD_Connection *conn, unsigned status, const char *type, const char *msg) {
   json_t *j = json_pack("{s:{s:s,s:s,s:i}}", "error", "message", msg, "type", type, "code", status);
-  if (!j) /* not UTF-8: the decoders escape what they echo, so this is a bug, but not a crash */
-    j = json_pack("{s:{s:s,s:s,s:i}}", "error", "message", "(unprintable message)", "type", type, "code", status);
+  if (!j) { /* not UTF-8 (the decoders escape what they echo, so a bug): escaped, still answered */
+    char shown[512];
+    kvld_escape(msg, shown, sizeof(shown));
+    j = json_pack("{s:{s:s,s:s,s:i}}", "error", "message", shown, "type", type, "code", status);
+  }
   return reply_json(conn, status, j);
 }
 

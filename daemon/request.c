@@ -85,9 +85,9 @@ static json_t *chat_messages(const json_t *msgs, char *msg, size_t msglen) {
 
 static enum kvld_status openai_input(struct kvld *d, bool chat, const json_t *j, struct kvld_gen_params *p, char *msg,
                                      size_t msglen) {
-  const char *model = json_string_value(json_object_get(j, "model"));
   json_t *jm = json_object_get(j, "model");
   if (jm && !json_is_null(jm) && !json_is_string(jm)) return refuse(p, msg, msglen, "'model' must be a string");
+  const char *model = json_string_value(jm); /* NULL: absent or null, the default model */
   if (chat) {
     json_t *msgs = json_object_get(j, "messages");
     if (!json_is_array(msgs)) return refuse(p, msg, msglen, "'messages' must be an array of {role, content}");
