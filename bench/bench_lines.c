@@ -104,7 +104,7 @@ int kvl_bench_pair_open(char paths[2][4200], const char *maps, const char *varia
       return KVL_EINVAL;
     }
     struct kvl_kv_layout kl = kvl_model_kv_layout(sd[i].m, KVL_KV_BF16);
-    struct kvl_pool_config pc = {kl, blocks * kvl_kv_block_bytes(&kl), 0, 0, NULL};
+    struct kvl_pool_config pc = {.layout = kl, .hot_bytes = blocks * kvl_kv_block_bytes(&kl)};
     int rc = kvl_pool_new(&pc, &sd[i].pool);
     if (rc < 0) return rc;
   }

@@ -115,6 +115,34 @@ char *kvld_metrics_render(const struct kvld *d) {
     if (d->engine) kvl_engine_model_stats(d->engine, d->models[i].sched_id, &st);
     put(&b, "vllm:kv_cache_usage_perc{model_name=\"%s\"} %.6f\n", d->models[i].name, st.kv_usage);
   }
+  /* the KV tiers (hot arena, cold host copies, disk), per model, from the same snapshot */
+  head(&b, "kvlingo:kv_blocks", "gauge", "KV blocks per tier: capacity, and in use (hot: referenced by running lines).");
+  for (int i = 0; i < d->n_models; i++) {
+    if (!d->models[i].active) continue;
+    const struct kvl_pool_stats *p = &st[i].pool;
+    const char *n = d->models[i].name;
+    put(&b, "kvlingo:kv_blocks{model_name=\"%s\",tier=\"hot\",state=\"capacity\"} %d\n", n, p->hot_blocks);
+    put(&b, "kvlingo:kv_blocks{model_name=\"%s\",tier=\"hot\",state=\"used\"} %d\n", n, p->hot_used);
+    put(&b, "kvlingo:kv_blocks{model_name=\"%s\",tier=\"hot\",state=\"cached\"} %d\n", n, p->hot_cached);
+    put(&b, "kvlingo:kv_blocks{model_name=\"%s\",tier=\"cold\",state=\"capacity\"} %d\n", n, p->cold_blocks);
+    put(&b, "kvlingo:kv_blocks{model_name=\"%s\",tier=\"cold\",state=\"used\"} %d\n", n, p->cold_used);
+    put(&b, "kvlingo:kv_blocks{model_name=\"%s\",tier=\"disk\",state=\"capacity\"} %d\n", n, p->disk_blocks);
+    put(&b, "kvlingo:kv_blocks{model_name=\"%s\",tier=\"disk\",state=\"used\"} %d\n", n, p->disk_used);
+  }
+  head(&b, "kvlingo:kv_block_moves_total", "counter",
+       "KV blocks moved between tiers (to_cold, to_disk, from_cold_or_disk, from_disk), dropped, or lost to disk errors.");
+  for (int i = 0; i < d->n_models; i++) {
+    if (!d->models[i].active) continue;
+    const struct kvl_pool_stats *p = &st[i].pool;
+    const char *n = d->models[i].name;
+    const struct { const char *move; uint64_t v; } mv[] = {
+        {"to_cold", p->evicted_to_cold},   {"to_disk", p->spilled_to_disk},   {"from_cold_or_disk", p->restored},
+        {"from_disk", p->restored_from_disk}, {"dropped", p->dropped},       {"dropped_writeback_full", p->disk_busy},
+        {"disk_error", p->disk_errors}};
+    for (size_t k = 0; k < sizeof(mv) / sizeof(mv[0]); k++)
+      put(&b, "kvlingo:kv_block_moves_total{model_name=\"%s\",move=\"%s\"} %llu\n", n, mv[k].move,
+          (unsigned long long)mv[k].v);
+  }
   head(&b, "vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.");
   EACH_MODEL_U64("vllm:prefix_cache_queries_total", prefix_queries);
   head(&b, "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.");

@@ -141,18 +141,22 @@ int32_t kvl__pool_blk_new(kvl_pool_t *p) {
     p->blk_free = nf;
     h = p->n_blk++;
   }
-  p->blk[h] = (struct blk){.used = true, .hot = NONE, .cold = NONE, .disk = NONE, .prev = NONE, .next = NONE};
+  p->blk[h] = (struct blk){.used = true, .hot = NONE, .cold = NONE, .disk = NONE, .io = NONE, .prev = NONE, .next = NONE};
   return h;
 }
 
 /* Forget a handle entirely: its slots are freed and it leaves the index. */
 static void blk_drop(kvl_pool_t *p, int32_t h) {
   struct blk *b = &p->blk[h];
-  KVL_ASSERT(b->used && b->refs == 0);
+  KVL_ASSERT(b->used && b->refs == 0 && b->io == NONE);
   if (b->indexed) idx_delete(p, h);
   if (b->hot != NONE) { p->hot_owner[b->hot] = NONE; p->hot_free[p->n_hot_free++] = b->hot; }
   if (b->cold != NONE) { p->cold_owner[b->cold] = NONE; p->cold_free[p->n_cold_free++] = b->cold; }
-  if (b->disk != NONE) { p->disk_owner[b->disk] = NONE; p->disk_free[p->n_disk_free++] = b->disk; }
+  if (b->disk != NONE) {
+    p->io.slot_stage[b->disk] = NONE; /* a write still in flight finishes for nobody */
+    p->disk_owner[b->disk] = NONE;
+    p->disk_free[p->n_disk_free++] = b->disk;
+  }
   b->used = false;
   p->blk_free[p->n_blk_free++] = h;
 }
@@ -162,36 +166,19 @@ static uint8_t *cold_data(kvl_pool_t *p, int32_t slot) { return p->cold_mem + (s
 
 static off_t disk_off(const kvl_pool_t *p, int32_t slot) { return (off_t)slot * (off_t)p->bb; }
 
-/* Write all of buf at off (pwrite may be short). */
-static bool disk_write(kvl_pool_t *p, const void *buf, off_t off) {
-  size_t done = 0;
-  while (done < p->bb) {
-    ssize_t n = pwrite(p->disk_fd, (const char *)buf + done, p->bb - done, off + (off_t)done);
-    if (n <= 0) return false;
-    done += (size_t)n;
-  }
-  return true;
-}
-
-static bool disk_read(kvl_pool_t *p, void *buf, off_t off) {
-  size_t done = 0;
-  while (done < p->bb) {
-    ssize_t n = pread(p->disk_fd, (char *)buf + done, p->bb - done, off + (off_t)done);
-    if (n <= 0) return false;
-    done += (size_t)n;
-  }
-  return true;
-}
-
 const uint8_t *kvl__blk_data(kvl_pool_t *p, int32_t h, uint8_t *tmp) {
   const struct blk *b = &p->blk[h];
   if (b->hot != NONE) return hot_data(p, b->hot);
   if (b->cold != NONE) return cold_data(p, b->cold);
-  return disk_read(p, tmp, disk_off(p, b->disk)) ? tmp : NULL;
+  const uint8_t *staged = kvl__io_staged(&p->io, b->disk);
+  if (staged) return staged;
+  return kvl__disk_pread(p->disk_fd, tmp, p->bb, disk_off(p, b->disk)) ? tmp : NULL;
 }
 
 /* Move a cached cold block to the disk tier (dropping the disk tier's least recently
- * used block if full), or drop it when there is no disk tier or the write fails. */
+ * used block if full), or drop it when there is no disk tier or the write-behind is full.
+ * The write itself is queued to the I/O thread: its bytes stay in a staging buffer until
+ * written, and a failed write drops the block then (kvl_pool_io_poll). */
 static void cold_to_disk(kvl_pool_t *p, int32_t h) {
   struct blk *b = &p->blk[h];
   int32_t d = NONE;
@@ -203,9 +190,9 @@ static void cold_to_disk(kvl_pool_t *p, int32_t h) {
     p->st.dropped++;
     d = p->disk_free[--p->n_disk_free];
   }
-  if (d != NONE && !disk_write(p, cold_data(p, b->cold), disk_off(p, d))) {
+  if (d != NONE && !kvl__io_write(&p->io, h, d, cold_data(p, b->cold))) {
     p->disk_free[p->n_disk_free++] = d;
-    p->st.disk_errors++;
+    p->st.disk_busy++;
     d = NONE;
   }
   if (d == NONE) {
@@ -265,18 +252,17 @@ static int32_t hot_slot(kvl_pool_t *p) {
   return p->hot_free[--p->n_hot_free];
 }
 
-/* Bring a cold or disk block back (the caller made sure a hot slot can be had).
- * KVL_EIO when a disk block cannot be read: the block stays where it was. */
+/* Bring a cold block back, or a disk block whose write is still in flight (from its
+ * staging buffer: no I/O); the caller made sure a hot slot can be had. */
 static int restore_blk(kvl_pool_t *p, int32_t h) {
   struct blk *b = &p->blk[h];
   int32_t s = hot_slot(p);
   if (s == NONE) return KVL_EFULL;
   if (b->disk != NONE) {
-    if (!disk_read(p, hot_data(p, s), disk_off(p, b->disk))) {
-      p->hot_free[p->n_hot_free++] = s;
-      p->st.disk_errors++;
-      return KVL_EIO;
-    }
+    const uint8_t *staged = kvl__io_staged(&p->io, b->disk);
+    KVL_ASSERT(staged && b->io == NONE);
+    memcpy(hot_data(p, s), staged, p->bb);
+    p->io.slot_stage[b->disk] = NONE;
     p->disk_owner[b->disk] = NONE;
     p->disk_free[p->n_disk_free++] = b->disk;
     b->disk = NONE;
@@ -351,6 +337,12 @@ int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out) {
     p->n_disk = (int32_t)nd;
     for (int32_t i = 0; i < p->n_disk; i++) { p->disk_owner[i] = NONE; p->disk_free[i] = p->n_disk - 1 - i; }
     p->n_disk_free = p->n_disk;
+    int32_t n_stage = c->disk_writeback_blocks > 0 ? c->disk_writeback_blocks : KVL_DISK_WRITEBACK_DEFAULT;
+    int rc = kvl__io_start(&p->io, p->disk_fd, p->bb, p->n_disk, n_stage);
+    if (rc < 0) {
+      kvl_pool_free(p);
+      return rc;
+    }
   }
   *out = p;
   return 0;
@@ -359,6 +351,7 @@ int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out) {
 void kvl_pool_free(kvl_pool_t *p) {
   if (!p) return;
   KVL_ASSERT(p->n_lines == 0);
+  kvl__io_stop(&p->io); /* its reads land in the cold tier: stop it before that goes */
   free(p->hot_mem);
   free(p->cold_mem);
   free(p->hot_owner);
@@ -391,6 +384,100 @@ void kvl_pool_stats(const kvl_pool_t *p, struct kvl_pool_stats *s) {
   s->cold_used = p->n_cold - p->n_cold_free;
   s->disk_blocks = p->n_disk;
   s->disk_used = p->n_disk - p->n_disk_free;
+  s->disk_in_flight = p->io.in_flight;
+}
+
+/* ---- the disk tier's I/O, applied on this (the compute) thread ------------------------------ */
+
+static void io_apply(kvl_pool_t *p, struct io_op *op) {
+  struct kvl_diskio *io = &p->io;
+  io->in_flight--;
+  if (!op->read) {
+    io->stage_free[io->n_stage_free++] = op->stage;
+    if (io->slot_stage[op->slot] != op->stage) return; /* its block left (restored, dropped) */
+    io->slot_stage[op->slot] = NONE;
+    int32_t h = p->disk_owner[op->slot];
+    if (op->ok || h == NONE) return;
+    /* the owner's bytes never reached the file: forget it, never trust the slot */
+    lru_remove(p, &p->disk_lru, h);
+    blk_drop(p, h);
+    p->st.dropped++;
+    p->st.disk_errors++;
+    return;
+  }
+  struct blk *b = &p->blk[op->h];
+  KVL_ASSERT(b->used && b->disk == op->slot && b->io != NONE && b->refs == 0);
+  int32_t s = b->io;
+  b->io = NONE;
+  if (!op->ok) { /* unreadable: the block is forgotten, and a chain through it ends there */
+    p->hot_owner[s] = NONE;
+    p->hot_free[p->n_hot_free++] = s;
+    blk_drop(p, op->h);
+    p->st.dropped++;
+    p->st.disk_errors++;
+    return;
+  }
+  p->disk_owner[b->disk] = NONE;
+  p->disk_free[p->n_disk_free++] = b->disk;
+  b->disk = NONE;
+  b->hot = s; /* a cached hot block now: attach shares it as it is */
+  kvl__lru_push(p, &p->hot_lru, op->h);
+  p->st.restored_from_disk++;
+  p->st.restored++;
+}
+
+static void io_apply_all(kvl_pool_t *p, struct io_op *list) {
+  for (struct io_op *op = list, *next; op; op = next) {
+    next = op->next;
+    io_apply(p, op);
+    free(op);
+  }
+}
+
+void kvl_pool_io_poll(kvl_pool_t *p) { io_apply_all(p, kvl__io_take_done(&p->io, false, 0)); }
+
+bool kvl_pool_io_wait(kvl_pool_t *p, int timeout_ms) {
+  if (!p->io.in_flight) return false;
+  io_apply_all(p, kvl__io_take_done(&p->io, true, timeout_ms));
+  return true;
+}
+
+void kvl_pool_io_hold(kvl_pool_t *p, bool hold) { kvl__io_hold(&p->io, hold); }
+
+void kvl_pool_io_drain(kvl_pool_t *p) {
+  while (p->io.in_flight) io_apply_all(p, kvl__io_take_done(&p->io, true, -1));
+}
+
+int32_t kvl_pool_prefetch(kvl_pool_t *p, const int32_t *tokens, int32_t n, enum kvl_reuse policy) {
+  if (p->disk_fd < 0) return 0;
+  kvl_pool_io_poll(p);
+  int32_t pending = 0;
+  uint64_t parent = ROOT_KEY;
+  for (int32_t i = 0; i < n / BLK; i++) {
+    int32_t h = idx_find(p, parent, tokens + i * BLK, policy);
+    if (h == NONE) break;
+    struct blk *b = &p->blk[h];
+    parent = b->key;
+    if (b->disk == NONE) continue;
+    if (b->io != NONE) { pending++; continue; }
+    if (kvl__io_staged(&p->io, b->disk)) continue; /* attach takes it from the staging buffer */
+    /* Read straight into a hot slot, where attach needs it anyway (reserved meanwhile).
+     * Off the disk LRU first: making room may pass blocks down to the disk tier, which
+     * drops its LRU head when full. */
+    lru_remove(p, &p->disk_lru, h);
+    int32_t slot = hot_slot(p);
+    if (slot == NONE) { kvl__lru_push(p, &p->disk_lru, h); break; }
+    p->hot_owner[slot] = h;
+    if (!kvl__io_read(&p->io, h, b->disk, hot_data(p, slot))) {
+      p->hot_owner[slot] = NONE;
+      p->hot_free[p->n_hot_free++] = slot;
+      kvl__lru_push(p, &p->disk_lru, h);
+      break;
+    }
+    b->io = slot;
+    pending++;
+  }
+  return pending;
 }
 
 int32_t kvl_pool_evict(kvl_pool_t *p, int32_t n) {
@@ -610,6 +697,9 @@ int kvl_line_attach_prefix(kvl_line_t *l, const int32_t *tokens, int32_t n, enum
   for (; found < nb; found++) {
     int32_t h = idx_find(p, parent, tokens + found * BLK, policy);
     if (h == NONE) break;
+    const struct blk *b = &p->blk[h];
+    if (b->disk != NONE && (b->io != NONE || !kvl__io_staged(&p->io, b->disk)))
+      break; /* on disk: kvl_pool_prefetch brings it back first (the compute thread never reads) */
     ref(p, h); /* pinned: no longer evictable while we restore others */
     l->blocks[found] = h;
     parent = p->blk[h].key;
@@ -623,17 +713,6 @@ int kvl_line_attach_prefix(kvl_line_t *l, const int32_t *tokens, int32_t n, enum
   for (int32_t i = 0; i < found; i++)
     if (p->blk[l->blocks[i]].hot == NONE) {
       rc = restore_blk(p, l->blocks[i]);
-      if (rc == KVL_EIO) { /* unreadable spill: forget that block, keep the chain before it */
-        int32_t bad = l->blocks[i];
-        for (int32_t j = found - 1; j >= i; j--) unref(p, l->blocks[j]);
-        if (p->blk[bad].used && p->blk[bad].refs == 0) {
-          lru_remove(p, lru_of(p, &p->blk[bad]), bad);
-          blk_drop(p, bad);
-          p->st.dropped++;
-        }
-        found = i;
-        break;
-      }
       KVL_ASSERT(rc == 0);
       hit->n_restored++;
     }
@@ -723,6 +802,7 @@ int kvl_pool_check(const kvl_pool_t *p, char *err, size_t errlen) {
   }
   if (n_lines != p->n_lines) { rc = kvl_errf(err, errlen, KVL_EINVAL, "%d lines listed, %d counted", n_lines, p->n_lines); goto out; }
   int32_t hot_in_use = 0, cold_in_use = 0, disk_in_use = 0, on_hot_lru = 0, on_cold_lru = 0, on_disk_lru = 0, indexed = 0;
+  int32_t reading = 0; /* blocks with a read from disk in flight: each holds a reserved hot slot */
   for (int32_t h = 0; h < p->n_blk; h++) {
     const struct blk *b = &p->blk[h];
     if (!b->used) continue;
@@ -733,6 +813,10 @@ int kvl_pool_check(const kvl_pool_t *p, char *err, size_t errlen) {
     if (b->hot != NONE && p->hot_owner[b->hot] != h) { rc = kvl_errf(err, errlen, KVL_EINVAL, "hot slot %d not owned by block %d", b->hot, h); goto out; }
     if (b->cold != NONE && p->cold_owner[b->cold] != h) { rc = kvl_errf(err, errlen, KVL_EINVAL, "cold slot %d not owned by block %d", b->cold, h); goto out; }
     if (b->refs == 0 && !b->indexed) { rc = kvl_errf(err, errlen, KVL_EINVAL, "block %d is unreferenced and unindexed (leaked)", h); goto out; }
+    if (b->io != NONE) {
+      if (b->disk == NONE || b->refs || !b->indexed || b->io < 0 || b->io >= p->n_hot || p->hot_owner[b->io] != h || b->prev != NONE || b->next != NONE || p->disk_lru.head == h || kvl__io_staged(&p->io, b->disk)) { rc = kvl_errf(err, errlen, KVL_EINVAL, "block %d: a read in flight, but not a lone unreferenced disk block owning its hot slot %d", h, b->io); goto out; }
+      reading++;
+    }
     hot_in_use += b->hot != NONE;
     cold_in_use += b->cold != NONE;
     disk_in_use += b->disk != NONE;
@@ -747,11 +831,16 @@ int kvl_pool_check(const kvl_pool_t *p, char *err, size_t errlen) {
     if (p->blk[h].prev != prev || p->blk[h].refs || p->blk[h].disk == NONE || !p->blk[h].indexed) { rc = kvl_errf(err, errlen, KVL_EINVAL, "disk LRU corrupt at block %d", h); goto out; }
   if (on_hot_lru != p->hot_lru.n || on_cold_lru != p->cold_lru.n || on_disk_lru != p->disk_lru.n) { rc = kvl_errf(err, errlen, KVL_EINVAL, "LRU counts wrong"); goto out; }
   int32_t cached = 0;
-  for (int32_t h = 0; h < p->n_blk; h++) cached += p->blk[h].used && p->blk[h].refs == 0;
+  for (int32_t h = 0; h < p->n_blk; h++) cached += p->blk[h].used && p->blk[h].refs == 0 && p->blk[h].io == NONE;
   if (cached != on_hot_lru + on_cold_lru + on_disk_lru) { rc = kvl_errf(err, errlen, KVL_EINVAL, "%d cached blocks, %d on LRU lists", cached, on_hot_lru + on_cold_lru + on_disk_lru); goto out; }
   if (disk_in_use + p->n_disk_free != p->n_disk) { rc = kvl_errf(err, errlen, KVL_EINVAL, "disk slots: %d used + %d free != %d", disk_in_use, p->n_disk_free, p->n_disk); goto out; }
-  if (hot_in_use + p->n_hot_free != p->n_hot) { rc = kvl_errf(err, errlen, KVL_EINVAL, "hot slots: %d used + %d free != %d", hot_in_use, p->n_hot_free, p->n_hot); goto out; }
+  if (hot_in_use + reading + p->n_hot_free != p->n_hot) { rc = kvl_errf(err, errlen, KVL_EINVAL, "hot slots: %d used + %d being read into + %d free != %d", hot_in_use, reading, p->n_hot_free, p->n_hot); goto out; }
   if (cold_in_use + p->n_cold_free != p->n_cold) { rc = kvl_errf(err, errlen, KVL_EINVAL, "cold slots: %d used + %d free != %d", cold_in_use, p->n_cold_free, p->n_cold); goto out; }
+  if (p->disk_fd >= 0) {
+    for (int32_t d = 0; d < p->n_disk; d++)
+      if (p->io.slot_stage[d] != NONE && p->disk_owner[d] == NONE) { rc = kvl_errf(err, errlen, KVL_EINVAL, "disk slot %d: staged bytes for no block", d); goto out; }
+    if (p->io.n_stage_free + (p->io.in_flight - reading) != p->io.n_stage) { rc = kvl_errf(err, errlen, KVL_EINVAL, "write-behind: %d free + %d writes in flight != %d buffers", p->io.n_stage_free, p->io.in_flight - reading, p->io.n_stage); goto out; }
+  }
   for (int32_t i = 0; i < p->n_hot_free; i++)
     if (p->hot_owner[p->hot_free[i]] != NONE) { rc = kvl_errf(err, errlen, KVL_EINVAL, "free hot slot %d is owned", p->hot_free[i]); goto out; }
   for (int32_t i = 0; i < p->n_cold_free; i++)

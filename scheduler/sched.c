@@ -26,6 +26,7 @@ struct req {
   int32_t *seq;          /* prompt ++ generated */
   int32_t len, cap;      /* len = n_prompt + generated */
   int32_t n_prompt, max_tokens, generated;
+  int32_t io_waits;      /* steps spent waiting for its cached blocks to come back from disk */
   int32_t *stop_ids;
   int32_t n_stop_ids;
   enum kvl_reuse reuse;
@@ -101,6 +102,8 @@ struct kvl_sched {
   kvl_writer_t next_writer;
   struct conv *conv[CONV_BUCKETS];
   int32_t n_conv;
+  int32_t io_waiting;    /* requests that waited for disk reads in this step */
+  int32_t batched;       /* sequences that ran a forward in this step */
   /* step scratch */
   int32_t *tok, *pos, *seqi;
   int8_t *want;
@@ -599,12 +602,35 @@ static void finish_sources(kvl_sched_t *s, struct req *r) {
     if (used[k] && c->line[k] && kvl_line_is_hot(c->line[k])) (void)kvl_line_offload(c->line[k]);
 }
 
+/* Cached blocks this request would attach (its own prefix, its translation sources' prefixes)
+ * that went to the disk tier are read back by the pool's I/O thread; the request waits for
+ * them, a bounded number of steps (after that it computes what is still on disk). */
+enum { MAX_IO_WAITS = 256 };
+static bool wait_for_disk(kvl_sched_t *s, struct model *m, struct req *r, struct conv *c) {
+  if (r->io_waits >= MAX_IO_WAITS) return false;
+  int mi = model_index(s, m);
+  int32_t pending = 0;
+  if (!(c && c->line[mi])) pending += kvl_pool_prefetch(m->pool, r->seq, r->len - 1, r->reuse);
+  for (int k = 0; k < s->n_models; k++) {
+    if (k == mi || !s->models[k].pool || (c && c->line[k]) || (r->carry && r->carry_model == k)) continue;
+    struct xlat *x = xlat_find(s, k, mi);
+    if (x && !r->no_translate && !x->st.gated)
+      pending += kvl_pool_prefetch(s->models[k].pool, r->seq, r->len - r->native_tail, KVL_REUSE_ANY);
+  }
+  if (!pending) return false;
+  r->io_waits++;
+  s->io_waiting++;
+  return true;
+}
+
 /* Admit a waiting request: the conversation's kept line (forked at the first token that
  * differs), or a line sharing the longest cached prefix of its sequence (never the last
- * position: its logits must be computed); then its translation sources. */
+ * position: its logits must be computed); then its translation sources. KVL_EAGAIN while
+ * some of that is being read back from disk. */
 static int admit(kvl_sched_t *s, struct model *m, struct req *r) {
   int mi = model_index(s, m);
   struct conv *c = r->conv ? conv_get(s, r->conv, false) : NULL;
+  if (wait_for_disk(s, m, r, c)) return KVL_EAGAIN;
   int32_t cached_native = 0, cached_translated = 0;
   if (c && c->line[mi]) {
     kvl_line_t *l = c->line[mi];
@@ -851,6 +877,7 @@ static int step_model(kvl_sched_t *s, struct model *m) {
         int rc;
         while ((rc = admit(s, m, r)) == KVL_EFULL && make_room(s, model_index(s, m), order, n, i)) {}
         if (rc == KVL_EFULL) break; /* no room for its cached prefix now: keep FCFS order */
+        if (rc == KVL_EAGAIN) continue; /* its cached blocks are coming back from disk */
         if (rc < 0) { free(order); return rc; }
         if (r->t_sched == 0) r->t_sched = t;
       }
@@ -925,6 +952,7 @@ static int step_model(kvl_sched_t *s, struct model *m) {
     }
   }
   free(order);
+  s->batched += n_batch;
   if (n_batch == 0) return 0;
   for (int32_t b = 0; b < n_batch; b++) {
     KVL_ASSERT(kvl_line_is_hot(s->batch[b]->line));
@@ -992,12 +1020,20 @@ static int step_model(kvl_sched_t *s, struct model *m) {
 
 int kvl_sched_step(kvl_sched_t *s) {
   int live = 0;
+  s->io_waiting = s->batched = 0;
+  for (int i = 0; i < s->n_models; i++)
+    if (s->models[i].pool) kvl_pool_io_poll(s->models[i].pool); /* disk reads that finished */
   for (int i = 0; i < s->n_models; i++) {
     if (!s->models[i].pool) continue; /* removed */
     int rc = step_model(s, &s->models[i]);
     if (rc < 0) return rc;
     live += s->models[i].n_reqs;
   }
+  /* Nothing could run but requests wait for disk reads: sleep until one finishes (briefly:
+   * the loop thread's submissions wake the engine only between steps) instead of spinning. */
+  if (s->batched == 0 && s->io_waiting)
+    for (int i = 0; i < s->n_models; i++)
+      if (s->models[i].pool && kvl_pool_io_wait(s->models[i].pool, 5)) break;
   return live;
 }
 
@@ -1013,6 +1049,7 @@ int kvl_sched_model_stats(const kvl_sched_t *s, int model_id, struct kvl_sched_m
   struct kvl_pool_stats ps;
   kvl_pool_stats(m->pool, &ps);
   out->kv_usage = ps.hot_blocks > 0 ? (double)ps.hot_used / ps.hot_blocks : 0;
+  out->pool = ps;
   for (int b = 0; b < CONV_BUCKETS; b++)
     for (const struct conv *c = s->conv[b]; c; c = c->next) out->conversations += c->line[model_id] != NULL;
   for (int i = 0; i < s->n_xlat; i++)

@@ -32,6 +32,16 @@
  * attaching a prefix restores cold blocks it finds. Running out of room is an error
  * (KVL_EFULL) the scheduler answers by waiting or preempting — never a crash.
  *
+ * Disk I/O never happens on the pool's thread (DESIGN.md: the compute thread never does
+ * I/O): a pool with a disk tier has an I/O thread. A block passed on to the disk is copied
+ * into a bounded write-behind buffer and written by that thread (a full write-behind drops
+ * the block instead: an eviction, never a wait). Attaching a prefix uses only what is in
+ * memory, and stops at a block that is on disk; kvl_pool_prefetch asks the I/O thread to
+ * read such blocks back into hot slots, and kvl_pool_io_poll applies what finished:
+ *
+ *   if (kvl_pool_prefetch(p, prompt, n, policy) > 0) ... wait (the scheduler retries next step)
+ *   kvl_line_attach_prefix(l, prompt, n, policy, &hit);   // now finds them hot
+ *
  * Threads: a pool and its lines belong to one thread (the engine's compute thread).
  */
 #ifndef KVL_KVPOOL_H
@@ -55,13 +65,18 @@ struct kvl_pool_config {
   size_t cold_bytes;  /* host-copy budget (0: no cold tier, eviction drops) */
   size_t disk_bytes;  /* spill-file budget behind the cold tier (0: none) */
   const char *disk_path; /* the spill file (created 0600, truncated, removed at free) */
+  int32_t disk_writeback_blocks; /* write-behind buffers for the disk tier (0: KVL_DISK_WRITEBACK_DEFAULT) */
 };
+
+#define KVL_DISK_WRITEBACK_DEFAULT 32
 
 struct kvl_pool_stats {
   int32_t hot_blocks, hot_used, hot_cached;   /* capacity, referenced, cached-unreferenced */
   int32_t cold_blocks, cold_used;
   int32_t disk_blocks, disk_used;
+  int32_t disk_in_flight;                     /* disk reads and writes queued or running */
   uint64_t evicted_to_cold, spilled_to_disk, dropped, restored, restored_from_disk, disk_errors, cow_copies;
+  uint64_t disk_busy; /* blocks dropped instead of spilled: the write-behind was full */
 };
 
 int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out);
@@ -118,9 +133,27 @@ struct kvl_prefix_hit {
 
 /* On an empty line: share the longest indexed chain of full blocks matching tokens[0..n)
  * (preferring, at each block, the native entry). Cold blocks found are restored
- * (KVL_EFULL if there is no room: the line is left empty). */
+ * (KVL_EFULL if there is no room: the line is left empty). The chain stops at a block on
+ * disk (unless its write is still in flight: then it comes from the write-behind);
+ * kvl_pool_prefetch first to have it. */
 int kvl_line_attach_prefix(kvl_line_t *l, const int32_t *tokens, int32_t n, enum kvl_reuse policy,
                            struct kvl_prefix_hit *hit);
+/* Start reading back the disk blocks of the chain attach would find for tokens[0..n)
+ * into hot slots (reserved while the read is in flight; as far as the hot arena has
+ * room). Returns how many of the chain's blocks are still being read (0: attach finds
+ * everything the cache holds). Never blocks. */
+int32_t kvl_pool_prefetch(kvl_pool_t *p, const int32_t *tokens, int32_t n, enum kvl_reuse policy);
+/* Apply the disk I/O that finished (a block read back becomes a cached hot block; a
+ * failed read or write forgets its block); cheap when there is none. prefetch polls too. */
+void kvl_pool_io_poll(kvl_pool_t *p);
+/* Wait up to timeout_ms (< 0: no limit) for disk I/O to finish, and apply it: false at
+ * once when none is in flight. kvl_pool_io_drain: wait for all of it. */
+bool kvl_pool_io_wait(kvl_pool_t *p, int timeout_ms);
+void kvl_pool_io_drain(kvl_pool_t *p);
+/* Tests: while held, the I/O thread starts nothing new (operations queue up), so the
+ * states of I/O in flight can be reached on purpose. Do not drain while held. */
+void kvl_pool_io_hold(kvl_pool_t *p, bool hold);
+
 /* Index the line's full blocks written so far (call once their K/V is computed). */
 void kvl_line_commit(kvl_line_t *l);
 

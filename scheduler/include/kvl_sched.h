@@ -223,6 +223,7 @@ struct kvl_sched_model_stats {
   int32_t waiting;        /* requests queued without one */
   double kv_usage;        /* referenced hot blocks / hot capacity, 0..1 */
   int32_t conversations;  /* kept conversation lines in this model */
+  struct kvl_pool_stats pool; /* its KV pool: blocks per tier, moves between them */
   struct kvl_translator_stats from[KVL_SCHED_MAX_MODELS]; /* translators into this model, by source */
 };
 /* KVL_ERANGE past the last model, KVL_ENOENT for a removed one. */

@@ -2,6 +2,8 @@
  * copy on write, eviction to the cold tier and back, offload/restore bit-exactness,
  * clean refusal when full, and a randomized stress run with the sanity checker after
  * every operation and every line's data verified. */
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,9 +14,10 @@
 static const struct kvl_kv_layout LAYOUT = {2, 2, 8, KVL_KV_F32}; /* 2 layers, kvw 16 */
 
 static char g_disk[64]; /* the disk tier's file of pool_disk's pools */
+static int32_t g_writeback; /* their write-behind buffers (0: the default) */
 
 static kvl_pool_t *pool_disk(int hot_blocks, int cold_blocks, int disk_blocks) {
-  struct kvl_pool_config c = {LAYOUT, 0, 0, 0, NULL};
+  struct kvl_pool_config c = {.layout = LAYOUT};
   size_t bb = kvl_kv_block_bytes(&LAYOUT);
   c.hot_bytes = (size_t)hot_blocks * bb;
   c.cold_bytes = (size_t)cold_blocks * bb;
@@ -22,6 +25,7 @@ static kvl_pool_t *pool_disk(int hot_blocks, int cold_blocks, int disk_blocks) {
     snprintf(g_disk, sizeof(g_disk), "/tmp/kvl-disk-tier-%d", (int)getpid());
     c.disk_bytes = (size_t)disk_blocks * bb;
     c.disk_path = g_disk;
+    c.disk_writeback_blocks = g_writeback;
   }
   kvl_pool_t *p;
   KVL_ASSERT(kvl_pool_new(&c, &p) == 0);
@@ -257,7 +261,7 @@ static void stress(int disk_blocks) {
     kvl_pool_stats(p, &st);                                                                                    \
     tot.evicted_to_cold += st.evicted_to_cold, tot.spilled_to_disk += st.spilled_to_disk;                      \
     tot.dropped += st.dropped, tot.restored += st.restored, tot.restored_from_disk += st.restored_from_disk;    \
-    tot.cow_copies += st.cow_copies;                                                                           \
+    tot.cow_copies += st.cow_copies, tot.disk_busy += st.disk_busy;                                             \
   } while (0)
   for (int it = 0; it < 6000; it++) {
     int i = (int)(kvl_test_rand(&s) % L), op = (int)(kvl_test_rand(&s) % 10);
@@ -282,7 +286,13 @@ static void stress(int disk_blocks) {
       l = lines[i] = kvl_line_new(p);
       int k = (int)(kvl_test_rand(&s) % 4), n = 1 + (int)(kvl_test_rand(&s) % 80);
       struct kvl_prefix_hit hit;
-      int rc = kvl_line_attach_prefix(l, base[k], n, op < 8 ? KVL_REUSE_NATIVE_ONLY : KVL_REUSE_ANY, &hit);
+      enum kvl_reuse pol = op < 8 ? KVL_REUSE_NATIVE_ONLY : KVL_REUSE_ANY;
+      if (disk_blocks && op % 2 == 0) { /* read back what went to disk; sometimes wait for it */
+        if (kvl_pool_prefetch(p, base[k], n, pol) > 0 && op % 4 == 0) kvl_pool_io_drain(p);
+      } else if (disk_blocks && op == 5) {
+        kvl_pool_io_poll(p);
+      }
+      int rc = kvl_line_attach_prefix(l, base[k], n, pol, &hit);
       if (rc == KVL_EFULL) full++;
       rc = kvl_line_append(l, base[k] + hit.n_tokens, n - hit.n_tokens,
                            kvl_test_rand(&s) % 5 ? KVL_WRITER_NATIVE : (kvl_writer_t)(1 + kvl_test_rand(&s) % 2));
@@ -326,12 +336,15 @@ static void stress(int disk_blocks) {
          restarts, full, bad);
   CHECK_EQ_INT(bad, 0);
   for (int j = 0; j < L; j++) kvl_line_free(lines[j]);
+  kvl_pool_io_drain(p);
   check(p);
   ADD_STATS();
 #undef ADD_STATS
-  printf("  evicted to cold %llu, spilled to disk %llu, dropped %llu, restored %llu (%llu from disk), copy-on-write %llu\n",
+  printf("  evicted to cold %llu, spilled to disk %llu, dropped %llu (%llu for a full write-behind), restored %llu "
+         "(%llu from disk), copy-on-write %llu\n",
          (unsigned long long)tot.evicted_to_cold, (unsigned long long)tot.spilled_to_disk, (unsigned long long)tot.dropped,
-         (unsigned long long)tot.restored, (unsigned long long)tot.restored_from_disk, (unsigned long long)tot.cow_copies);
+         (unsigned long long)tot.disk_busy, (unsigned long long)tot.restored, (unsigned long long)tot.restored_from_disk,
+         (unsigned long long)tot.cow_copies);
   CHECK_EQ_INT(st.hot_used, 0);
   if (disk_blocks) CHECK(tot.spilled_to_disk > 0 && tot.restored_from_disk > 0);
   kvl_pool_free(p);
@@ -339,9 +352,16 @@ static void stress(int disk_blocks) {
 
 static void test_stress(void) { stress(0); }
 static void test_stress_disk(void) { stress(16); }
+static void test_stress_disk_writeback(void) { /* a write-behind of 2: full often */
+  g_writeback = 2;
+  stress(16);
+  g_writeback = 0;
+}
 
-/* hot -> cold -> disk and back, bit-exact; an unreadable disk block is forgotten, not
- * trusted, and the chain before it still serves. */
+/* hot -> cold -> disk and back, bit-exact, the disk I/O on the pool's I/O thread: attach
+ * stops at a block on disk until kvl_pool_prefetch has read it back (or takes it from the
+ * write-behind while its write is in flight); an unreadable block, or one whose write
+ * failed, is forgotten, not trusted, and the chain before it still serves. */
 static void test_disk_tier(void) {
   kvl_pool_t *p = pool_disk(4, 1, 4);
   int32_t toks[64], other[64];
@@ -352,6 +372,8 @@ static void test_disk_tier(void) {
   fill(a, 0, 48);
   kvl_line_commit(a);
   kvl_line_free(a); /* 3 cached blocks, hot */
+  /* the writes are held: the two blocks passed on to disk are in the write-behind */
+  kvl_pool_io_hold(p, true);
   kvl_line_t *b = kvl_line_new(p);
   CHECK_EQ_INT(kvl_line_append(b, other, 64, KVL_WRITER_NATIVE), 0); /* needs all 4 hot slots */
   fill(b, 0, 64);
@@ -360,16 +382,59 @@ static void test_disk_tier(void) {
   CHECK_EQ_INT(st.evicted_to_cold, 3);
   CHECK_EQ_INT(st.spilled_to_disk, 2); /* the cold tier holds 1 */
   CHECK_EQ_INT(st.disk_used, 2);
+  CHECK_EQ_INT(st.disk_in_flight, 2);
   check(p);
   kvl_line_free(b); /* b's blocks were never committed: dropped, hot slots free */
   kvl_line_t *c = kvl_line_new(p);
   struct kvl_prefix_hit hit;
+  CHECK_EQ_INT(kvl_pool_prefetch(p, toks, 48, KVL_REUSE_NATIVE_ONLY), 0); /* nothing to read: all in memory */
   CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
   CHECK_EQ_INT(hit.n_tokens, 48);
-  CHECK_EQ_INT(hit.n_restored, 3);
   CHECK_EQ_INT(verify(c), 0);
   kvl_pool_stats(p, &st);
-  CHECK_EQ_INT(st.restored_from_disk, 2);
+  CHECK_EQ_INT(st.restored_from_disk, 2); /* from the write-behind */
+  check(p);
+  kvl_line_free(c);
+  kvl_pool_io_hold(p, false);
+  kvl_pool_io_drain(p);
+  check(p);
+  /* to disk again, written this time: attach alone stops at the first block on disk */
+  b = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(b, other, 64, KVL_WRITER_NATIVE), 0);
+  fill(b, 0, 64);
+  kvl_line_free(b);
+  kvl_pool_io_drain(p);
+  kvl_pool_stats(p, &st);
+  CHECK_EQ_INT(st.disk_used, 2);
+  c = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK(hit.n_tokens < 48);
+  CHECK_EQ_INT(verify(c), 0);
+  kvl_line_free(c);
+  /* ... prefetch reads them back (the read held, so it is seen in flight) */
+  kvl_pool_io_hold(p, true);
+  CHECK_EQ_INT(kvl_pool_prefetch(p, toks, 48, KVL_REUSE_NATIVE_ONLY), 2);
+  CHECK_EQ_INT(kvl_pool_prefetch(p, toks, 48, KVL_REUSE_NATIVE_ONLY), 2); /* asked once, read once */
+  check(p);
+  c = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK(hit.n_tokens < 48); /* still in flight: not used */
+  kvl_line_free(c);
+  check(p);
+  kvl_pool_io_hold(p, false);
+  uint64_t before = st.restored_from_disk;
+  int rounds = 0;
+  while (kvl_pool_prefetch(p, toks, 48, KVL_REUSE_NATIVE_ONLY) > 0 && rounds++ < 16) {
+    kvl_pool_io_drain(p);
+    check(p);
+  }
+  c = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK_EQ_INT(hit.n_tokens, 48);
+  CHECK_EQ_INT(verify(c), 0);
+  kvl_pool_stats(p, &st);
+  CHECK_EQ_INT(st.restored_from_disk, before + 2);
+  CHECK(rounds <= 1); /* the reads asked for above were all there was to wait for */
   check(p);
   kvl_line_free(c);
   /* again to disk, then the file is cut: the unreadable block and what follows are not used */
@@ -377,7 +442,9 @@ static void test_disk_tier(void) {
   CHECK_EQ_INT(kvl_line_append(b, other, 64, KVL_WRITER_NATIVE), 0);
   fill(b, 0, 64);
   kvl_line_free(b);
+  kvl_pool_io_drain(p);
   CHECK_EQ_INT(truncate(g_disk, 0), 0);
+  for (int i = 0; i < 4 && kvl_pool_prefetch(p, toks, 48, KVL_REUSE_NATIVE_ONLY) > 0; i++) kvl_pool_io_drain(p);
   c = kvl_line_new(p);
   CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
   kvl_pool_stats(p, &st);
@@ -389,6 +456,54 @@ static void test_disk_tier(void) {
   CHECK(stat(g_disk, &sb) == 0 && (sb.st_mode & 0777) == 0600);
   kvl_pool_free(p);
   CHECK(stat(g_disk, &sb) != 0); /* removed with the pool */
+}
+
+/* A write that fails (the file may not grow: RLIMIT_FSIZE) drops its block when the I/O
+ * thread reports it; a full write-behind drops instead of waiting. */
+static void test_disk_write_fails(void) {
+  g_writeback = 1;
+  kvl_pool_t *p = pool_disk(4, 1, 4);
+  g_writeback = 0;
+  int32_t toks[64], other[64];
+  seqn(toks, 64, 700);
+  seqn(other, 64, 9000);
+  kvl_line_t *a = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(a, toks, 48, KVL_WRITER_NATIVE), 0);
+  fill(a, 0, 48);
+  kvl_line_commit(a);
+  kvl_line_free(a);
+  struct rlimit old, none = {0, 0};
+  CHECK_EQ_INT(getrlimit(RLIMIT_FSIZE, &old), 0);
+  none.rlim_max = old.rlim_max;
+  void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+  CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &none), 0);
+  kvl_pool_io_hold(p, true);
+  kvl_line_t *b = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(b, other, 64, KVL_WRITER_NATIVE), 0);
+  fill(b, 0, 64);
+  struct kvl_pool_stats st;
+  kvl_pool_stats(p, &st);
+  CHECK_EQ_INT(st.spilled_to_disk, 1); /* one write-behind buffer: */
+  CHECK_EQ_INT(st.disk_busy, 1);       /* the second block is dropped, not waited for */
+  check(p);
+  kvl_pool_io_hold(p, false);
+  kvl_pool_io_drain(p);
+  setrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, prev);
+  kvl_pool_stats(p, &st);
+  CHECK_EQ_INT(st.disk_errors, 1);
+  CHECK_EQ_INT(st.disk_used, 0);
+  check(p);
+  kvl_line_free(b);
+  kvl_line_t *c = kvl_line_new(p);
+  struct kvl_prefix_hit hit;
+  CHECK_EQ_INT(kvl_pool_prefetch(p, toks, 48, KVL_REUSE_NATIVE_ONLY), 0);
+  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK(hit.n_tokens < 48);
+  CHECK_EQ_INT(verify(c), 0);
+  kvl_line_free(c);
+  check(p);
+  kvl_pool_free(p);
 }
 
 /* save -> "restart" (a new pool) -> load -> a returning request finds its blocks,
@@ -455,6 +570,8 @@ int main(void) {
   RUN(test_tiers);
   RUN(test_stress);
   RUN(test_disk_tier);
+  RUN(test_disk_write_fails);
   RUN(test_stress_disk);
+  RUN(test_stress_disk_writeback);
   return TEST_EXIT();
 }

@@ -3,9 +3,13 @@
  * a shared prefix is reported as cached and changes nothing; 200 requests against a
  * small pool all complete through preemption; impossible requests are refused with a
  * message; cancel frees blocks at once. */
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "../kvl_test.h"
 #include "../tiny_model.h"
 #include "kvl_error.h"
+#include "kvl_kvpool.h"
 #include "kvl_sched.h"
 
 enum { MAXR = 256, MAXT = 64 };
@@ -27,17 +31,28 @@ static void on_token(void *ud, uint64_t id, const struct kvl_token_event *ev) {
 
 static kvl_model_t *tiny(void **buf) { return tiny_model_load(&(struct tiny_opts){.n_layer = 2}, buf); }
 
-static kvl_sched_t *sched(kvl_model_t *m, int hot_blocks, int cold_blocks, int step_tokens, int *mid) {
+static char g_disk[64]; /* the disk tier's file of sched_disk's schedulers */
+
+static kvl_sched_t *sched_disk(kvl_model_t *m, int hot_blocks, int cold_blocks, int disk_blocks, int step_tokens,
+                               int *mid) {
   kvl_sched_t *s;
   KVL_ASSERT(kvl_sched_new(&(struct kvl_sched_config){.step_tokens = step_tokens, .max_seqs = 32}, &s) == 0);
   struct kvl_kv_layout kl = kvl_model_kv_layout(m, KVL_KV_F32);
   size_t bb = kvl_kv_block_bytes(&kl);
-  struct kvl_sched_model sm = {"tiny", m, kvl_backend_ref(), {kl, (size_t)hot_blocks * bb, (size_t)cold_blocks * bb, 0, NULL}, 0};
+  snprintf(g_disk, sizeof(g_disk), "/tmp/kvl-sched-disk-%d", (int)getpid());
+  struct kvl_sched_model sm = {"tiny", m, kvl_backend_ref(),
+                               {.layout = kl, .hot_bytes = (size_t)hot_blocks * bb, .cold_bytes = (size_t)cold_blocks * bb,
+                                .disk_bytes = (size_t)disk_blocks * bb, .disk_path = disk_blocks ? g_disk : NULL},
+                               0};
   char err[256];
   int rc = kvl_sched_add_model(s, &sm, mid, err, sizeof(err));
   if (rc) fprintf(stderr, "%s\n", err);
   KVL_ASSERT(rc == 0);
   return s;
+}
+
+static kvl_sched_t *sched(kvl_model_t *m, int hot_blocks, int cold_blocks, int step_tokens, int *mid) {
+  return sched_disk(m, hot_blocks, cold_blocks, 0, step_tokens, mid);
 }
 
 static void prompt_of(int i, int32_t *p, int n) {
@@ -141,7 +156,52 @@ static void test_shared_prefix(void) {
   free(buf);
 }
 
-static void test_overload(void) {
+/* A cached prefix pushed on to the disk tier: the request waits while the pool's I/O
+ * thread reads it back, then reports it cached and answers exactly as the cold run did. */
+static void test_disk_prefix(void) {
+  void *buf;
+  kvl_model_t *m = tiny(&buf);
+  int mid;
+  kvl_sched_t *s = sched_disk(m, 8, 4, 16, 512, &mid);
+  kvl_pool_t *pool = kvl_sched_pool(s, mid);
+  int32_t a[70], b[100], c[100];
+  prompt_of(3, a, 70);
+  prompt_of(4, b, 100);
+  prompt_of(5, c, 100);
+  struct out *o = calloc(1, sizeof(*o));
+  uint64_t id;
+  char err[256];
+  struct kvl_request qa = req(mid, a, 70, 8), qb = req(mid, b, 100, 4), qc = req(mid, c, 100, 4);
+  const struct kvl_request *order[] = {&qa, &qb, &qc, &qa};
+  for (int i = 0; i < 4; i++) {
+    if (i == 3) kvl_pool_io_drain(pool); /* every write landed: a's blocks are only on disk now */
+    int rc = kvl_sched_submit(s, order[i], on_token, o, &id, err, sizeof(err));
+    if (rc) fprintf(stderr, "%s\n", err);
+    CHECK_EQ_INT(rc, 0);
+    CHECK_EQ_INT(id, (uint64_t)i + 1);
+    while (!kvl_sched_idle(s)) {
+      CHECK(kvl_sched_step(s) >= 0);
+      char perr[256];
+      if (kvl_pool_check(pool, perr, sizeof(perr))) { fprintf(stderr, "%s\n", perr); kvl_test_failed++; break; }
+    }
+  }
+  struct kvl_pool_stats st;
+  kvl_pool_stats(pool, &st);
+  printf("  first run: prefilled %d; after two 100-token requests: cached %d native, %llu blocks read back from "
+         "disk, outputs %s\n", o->usage[0].prefilled, o->usage[3].cached_native, (unsigned long long)st.restored_from_disk,
+         o->n[3] == 8 && !memcmp(o->toks[0], o->toks[3], sizeof(int32_t) * 8) ? "equal" : "DIFFER");
+  CHECK_EQ_INT(o->usage[3].cached_native, 64);
+  CHECK(st.restored_from_disk >= 4 && st.disk_errors == 0);
+  CHECK(o->n[0] == 8 && o->n[3] == 8 && !memcmp(o->toks[0], o->toks[3], sizeof(int32_t) * 8));
+  kvl_sched_free(s);
+  struct stat sb;
+  CHECK(stat(g_disk, &sb) != 0); /* the disk tier's file goes with its pool */
+  free(o);
+  kvl_model_free(m);
+  free(buf);
+}
+
+static void overload(int disk_blocks) {
   void *buf;
   kvl_model_t *m = tiny(&buf);
   enum { N = 200 };
@@ -150,7 +210,8 @@ static void test_overload(void) {
   struct out *ref = calloc(1, sizeof(*ref)), *got = calloc(1, sizeof(*got));
   solo(m, N, plen, 8, ref);
   int mid;
-  kvl_sched_t *s = sched(m, 12, 6, 64, &mid); /* 12 hot blocks = 192 positions for 200 requests */
+  /* 12 hot blocks = 192 positions for 200 requests */
+  kvl_sched_t *s = sched_disk(m, 12, disk_blocks ? 2 : 6, disk_blocks, 64, &mid);
   static int32_t p[N][64];
   char err[256];
   uint64_t id;
@@ -174,8 +235,14 @@ static void test_overload(void) {
   int done = 0;
   for (int i = 0; i < N; i++) { done += got->done[i]; preempt += got->usage[i].preemptions; }
   int bad = compare(got, ref, N);
-  printf("  %d/%d requests completed in %d steps against 12 hot blocks, %d preemptions, %d outputs differ\n", done, N,
+  struct kvl_pool_stats st;
+  kvl_pool_stats(kvl_sched_pool(s, mid), &st);
+  printf("  %d/%d requests completed in %d steps against 12 hot blocks, %d preemptions, %d outputs differ", done, N,
          steps, preempt, bad);
+  if (disk_blocks)
+    printf("; disk tier: %llu spilled, %llu read back, %llu dropped for a full write-behind", (unsigned long long)st.spilled_to_disk,
+           (unsigned long long)st.restored_from_disk, (unsigned long long)st.disk_busy);
+  printf("\n");
   CHECK_EQ_INT(done, N);
   CHECK_EQ_INT(bad, 0);
   kvl_sched_free(s);
@@ -183,6 +250,9 @@ static void test_overload(void) {
   kvl_model_free(m);
   free(buf);
 }
+
+static void test_overload(void) { overload(0); }
+static void test_overload_disk(void) { overload(64); }
 
 static void test_refusals_and_cancel(void) {
   void *buf;
@@ -231,6 +301,8 @@ int main(void) {
   RUN(test_batched_equals_solo);
   RUN(test_shared_prefix);
   RUN(test_overload);
+  RUN(test_overload_disk);
+  RUN(test_disk_prefix);
   RUN(test_refusals_and_cancel);
   return TEST_EXIT();
 }
