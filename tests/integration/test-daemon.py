@@ -344,6 +344,11 @@ check(d.poll() is None and mval(fam, "vllm:num_requests_running") == 0 and
       mval(fam, "vllm:kv_cache_usage_perc", model_name="large") == 0 and
       mval(fam, "vllm:kv_cache_usage_perc", model_name="small") == 0,
       f"cancel: {rounds} rounds of racing cancels, still serving, no request running, no block held")
+check(all(mval(fam, "kvlingo:kv_blocks", model_name=m, tier="hot", state="capacity") > 0 and
+          mval(fam, "kvlingo:kv_blocks", model_name=m, tier="hot", state="used") == 0 and
+          mval(fam, "kvlingo:kv_blocks", model_name=m, tier="hot", state="cached") > 0 and
+          "kvlingo:kv_block_moves_total" in fam for m in ("small", "large")),
+      "metrics: KV blocks per tier (hot capacity, none referenced, some cached) and the tier-move counters")
 
 # ---- loading and unloading a model while others stream ------------------------------------
 admin = rpc.AdminStub(ch)
