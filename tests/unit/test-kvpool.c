@@ -358,6 +358,27 @@ static void test_stress_disk_writeback(void) { /* a write-behind of 2: full ofte
   g_writeback = 0;
 }
 
+/* A line of 64 other tokens takes every hot slot of a 4-block pool: the cached blocks move
+ * down a tier (and the writes to disk land: drained). */
+static void push_down(kvl_pool_t *p, const int32_t *other) {
+  kvl_line_t *b = kvl_line_new(p);
+  CHECK_EQ_INT(kvl_line_append(b, other, 64, KVL_WRITER_NATIVE), 0);
+  fill(b, 0, 64);
+  kvl_line_free(b);
+  kvl_pool_io_drain(p);
+}
+
+/* Attach toks[0..48) to a new line: the tokens found (their data verified), the line freed. */
+static int32_t attach48(kvl_pool_t *p, const int32_t *toks) {
+  kvl_line_t *c = kvl_line_new(p);
+  struct kvl_prefix_hit hit;
+  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK_EQ_INT(verify(c), 0);
+  kvl_line_free(c);
+  check(p);
+  return hit.n_tokens;
+}
+
 /* hot -> cold -> disk and back, bit-exact, the disk I/O on the pool's I/O thread: attach
  * stops at a block on disk until kvl_pool_prefetch has read it back (or takes it from the
  * write-behind while its write is in flight); an unreadable block, or one whose write
@@ -385,42 +406,24 @@ static void test_disk_tier(void) {
   CHECK_EQ_INT(st.disk_in_flight, 2);
   check(p);
   kvl_line_free(b); /* b's blocks were never committed: dropped, hot slots free */
-  kvl_line_t *c = kvl_line_new(p);
-  struct kvl_prefix_hit hit;
   CHECK_EQ_INT(kvl_pool_prefetch(p, toks, 48, KVL_REUSE_NATIVE_ONLY), 0); /* nothing to read: all in memory */
-  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
-  CHECK_EQ_INT(hit.n_tokens, 48);
-  CHECK_EQ_INT(verify(c), 0);
+  CHECK_EQ_INT(attach48(p, toks), 48);
   kvl_pool_stats(p, &st);
   CHECK_EQ_INT(st.restored_from_disk, 2); /* from the write-behind */
-  check(p);
-  kvl_line_free(c);
   kvl_pool_io_hold(p, false);
   kvl_pool_io_drain(p);
   check(p);
   /* to disk again, written this time: attach alone stops at the first block on disk */
-  b = kvl_line_new(p);
-  CHECK_EQ_INT(kvl_line_append(b, other, 64, KVL_WRITER_NATIVE), 0);
-  fill(b, 0, 64);
-  kvl_line_free(b);
-  kvl_pool_io_drain(p);
+  push_down(p, other);
   kvl_pool_stats(p, &st);
   CHECK_EQ_INT(st.disk_used, 2);
-  c = kvl_line_new(p);
-  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
-  CHECK(hit.n_tokens < 48);
-  CHECK_EQ_INT(verify(c), 0);
-  kvl_line_free(c);
+  CHECK(attach48(p, toks) < 48);
   /* ... prefetch reads them back (the read held, so it is seen in flight) */
   kvl_pool_io_hold(p, true);
   CHECK_EQ_INT(kvl_pool_prefetch(p, toks, 48, KVL_REUSE_NATIVE_ONLY), 2);
   CHECK_EQ_INT(kvl_pool_prefetch(p, toks, 48, KVL_REUSE_NATIVE_ONLY), 2); /* asked once, read once */
   check(p);
-  c = kvl_line_new(p);
-  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
-  CHECK(hit.n_tokens < 48); /* still in flight: not used */
-  kvl_line_free(c);
-  check(p);
+  CHECK(attach48(p, toks) < 48); /* still in flight: not used */
   kvl_pool_io_hold(p, false);
   uint64_t before = st.restored_from_disk;
   int rounds = 0;
@@ -428,30 +431,17 @@ static void test_disk_tier(void) {
     kvl_pool_io_drain(p);
     check(p);
   }
-  c = kvl_line_new(p);
-  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
-  CHECK_EQ_INT(hit.n_tokens, 48);
-  CHECK_EQ_INT(verify(c), 0);
+  CHECK_EQ_INT(attach48(p, toks), 48);
   kvl_pool_stats(p, &st);
   CHECK_EQ_INT(st.restored_from_disk, before + 2);
   CHECK(rounds <= 1); /* the reads asked for above were all there was to wait for */
-  check(p);
-  kvl_line_free(c);
   /* again to disk, then the file is cut: the unreadable block and what follows are not used */
-  b = kvl_line_new(p);
-  CHECK_EQ_INT(kvl_line_append(b, other, 64, KVL_WRITER_NATIVE), 0);
-  fill(b, 0, 64);
-  kvl_line_free(b);
-  kvl_pool_io_drain(p);
+  push_down(p, other);
   CHECK_EQ_INT(truncate(g_disk, 0), 0);
   for (int i = 0; i < 4 && kvl_pool_prefetch(p, toks, 48, KVL_REUSE_NATIVE_ONLY) > 0; i++) kvl_pool_io_drain(p);
-  c = kvl_line_new(p);
-  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
+  CHECK(attach48(p, toks) < 48);
   kvl_pool_stats(p, &st);
-  CHECK(hit.n_tokens < 48 && st.disk_errors >= 1);
-  CHECK_EQ_INT(verify(c), 0);
-  check(p);
-  kvl_line_free(c);
+  CHECK(st.disk_errors >= 1);
   struct stat sb;
   CHECK(stat(g_disk, &sb) == 0 && (sb.st_mode & 0777) == 0600);
   kvl_pool_free(p);
@@ -495,14 +485,8 @@ static void test_disk_write_fails(void) {
   CHECK_EQ_INT(st.disk_used, 0);
   check(p);
   kvl_line_free(b);
-  kvl_line_t *c = kvl_line_new(p);
-  struct kvl_prefix_hit hit;
   CHECK_EQ_INT(kvl_pool_prefetch(p, toks, 48, KVL_REUSE_NATIVE_ONLY), 0);
-  CHECK_EQ_INT(kvl_line_attach_prefix(c, toks, 48, KVL_REUSE_NATIVE_ONLY, &hit), 0);
-  CHECK(hit.n_tokens < 48);
-  CHECK_EQ_INT(verify(c), 0);
-  kvl_line_free(c);
-  check(p);
+  CHECK(attach48(p, toks) < 48);
   kvl_pool_free(p);
 }
 
