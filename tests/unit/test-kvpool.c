@@ -379,20 +379,29 @@ static int32_t attach48(kvl_pool_t *p, const int32_t *toks) {
   return hit.n_tokens;
 }
 
-/* hot -> cold -> disk and back, bit-exact, the disk I/O on the pool's I/O thread: attach
- * stops at a block on disk until kvl_pool_prefetch has read it back (or takes it from the
- * write-behind while its write is in flight); an unreadable block, or one whose write
- * failed, is forgotten, not trusted, and the chain before it still serves. */
-static void test_disk_tier(void) {
+/* A pool of 4 hot, 1 cold and 4 disk blocks (and `writeback` write-behind buffers) holding
+ * toks[0..48) as 3 cached hot blocks; other[] is a line of 64 different tokens. */
+static kvl_pool_t *disk_pool_48(int32_t writeback, int32_t *toks, int32_t *other) {
+  g_writeback = writeback;
   kvl_pool_t *p = pool_disk(4, 1, 4);
-  int32_t toks[64], other[64];
+  g_writeback = 0;
   seqn(toks, 64, 700);
   seqn(other, 64, 9000);
   kvl_line_t *a = kvl_line_new(p);
   CHECK_EQ_INT(kvl_line_append(a, toks, 48, KVL_WRITER_NATIVE), 0);
   fill(a, 0, 48);
   kvl_line_commit(a);
-  kvl_line_free(a); /* 3 cached blocks, hot */
+  kvl_line_free(a);
+  return p;
+}
+
+/* hot -> cold -> disk and back, bit-exact, the disk I/O on the pool's I/O thread: attach
+ * stops at a block on disk until kvl_pool_prefetch has read it back (or takes it from the
+ * write-behind while its write is in flight); an unreadable block, or one whose write
+ * failed, is forgotten, not trusted, and the chain before it still serves. */
+static void test_disk_tier(void) {
+  int32_t toks[64], other[64];
+  kvl_pool_t *p = disk_pool_48(0, toks, other);
   /* the writes are held: the two blocks passed on to disk are in the write-behind */
   kvl_pool_io_hold(p, true);
   kvl_line_t *b = kvl_line_new(p);
@@ -451,17 +460,8 @@ static void test_disk_tier(void) {
 /* A write that fails (the file may not grow: RLIMIT_FSIZE) drops its block when the I/O
  * thread reports it; a full write-behind drops instead of waiting. */
 static void test_disk_write_fails(void) {
-  g_writeback = 1;
-  kvl_pool_t *p = pool_disk(4, 1, 4);
-  g_writeback = 0;
   int32_t toks[64], other[64];
-  seqn(toks, 64, 700);
-  seqn(other, 64, 9000);
-  kvl_line_t *a = kvl_line_new(p);
-  CHECK_EQ_INT(kvl_line_append(a, toks, 48, KVL_WRITER_NATIVE), 0);
-  fill(a, 0, 48);
-  kvl_line_commit(a);
-  kvl_line_free(a);
+  kvl_pool_t *p = disk_pool_48(1, toks, other);
   struct rlimit old, none = {0, 0};
   CHECK_EQ_INT(getrlimit(RLIMIT_FSIZE, &old), 0);
   none.rlim_max = old.rlim_max;
