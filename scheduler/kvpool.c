@@ -351,7 +351,7 @@ int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out) {
 void kvl_pool_free(kvl_pool_t *p) {
   if (!p) return;
   KVL_ASSERT(p->n_lines == 0);
-  kvl__io_stop(&p->io); /* its reads land in the cold tier: stop it before that goes */
+  kvl__io_stop(&p->io); /* its reads land in hot slots: stop it before the arena goes */
   free(p->hot_mem);
   free(p->cold_mem);
   free(p->hot_owner);
@@ -389,6 +389,13 @@ void kvl_pool_stats(const kvl_pool_t *p, struct kvl_pool_stats *s) {
 
 /* ---- the disk tier's I/O, applied on this (the compute) thread ------------------------------ */
 
+/* A block whose disk I/O failed: forgotten, its slot never trusted. */
+static void disk_lost(kvl_pool_t *p, int32_t h) {
+  blk_drop(p, h);
+  p->st.dropped++;
+  p->st.disk_errors++;
+}
+
 static void io_apply(kvl_pool_t *p, struct io_op *op) {
   struct kvl_diskio *io = &p->io;
   io->in_flight--;
@@ -398,11 +405,8 @@ static void io_apply(kvl_pool_t *p, struct io_op *op) {
     io->slot_stage[op->slot] = NONE;
     int32_t h = p->disk_owner[op->slot];
     if (op->ok || h == NONE) return;
-    /* the owner's bytes never reached the file: forget it, never trust the slot */
-    lru_remove(p, &p->disk_lru, h);
-    blk_drop(p, h);
-    p->st.dropped++;
-    p->st.disk_errors++;
+    lru_remove(p, &p->disk_lru, h); /* the owner's bytes never reached the file */
+    disk_lost(p, h);
     return;
   }
   struct blk *b = &p->blk[op->h];
@@ -412,9 +416,7 @@ static void io_apply(kvl_pool_t *p, struct io_op *op) {
   if (!op->ok) { /* unreadable: the block is forgotten, and a chain through it ends there */
     p->hot_owner[s] = NONE;
     p->hot_free[p->n_hot_free++] = s;
-    blk_drop(p, op->h);
-    p->st.dropped++;
-    p->st.disk_errors++;
+    disk_lost(p, op->h);
     return;
   }
   p->disk_owner[b->disk] = NONE;

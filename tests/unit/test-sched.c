@@ -2,7 +2,8 @@
  * results do not depend on batch composition): batched greedy outputs equal solo runs;
  * a shared prefix is reported as cached and changes nothing; 200 requests against a
  * small pool all complete through preemption; impossible requests are refused with a
- * message; cancel frees blocks at once. */
+ * message; cancel frees blocks at once; a prefix on the disk tier is read back while its
+ * request waits, and the overload runs with a disk tier too. */
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -245,6 +246,7 @@ static void overload(int disk_blocks) {
   printf("\n");
   CHECK_EQ_INT(done, N);
   CHECK_EQ_INT(bad, 0);
+  if (disk_blocks) CHECK(st.spilled_to_disk > 0 && st.disk_errors == 0); /* the disk tier was in play, and sound */
   kvl_sched_free(s);
   free(ref); free(got);
   kvl_model_free(m);
