@@ -120,9 +120,7 @@ out:
 }
 
 int kvl_pool_load(kvl_pool_t *p, const char *path, const char *fp, int32_t *n_loaded, char *err, size_t errlen) {
-  crc_init();
   if (n_loaded) *n_loaded = 0;
-  KVL_ASSERT(p->n_blk - p->n_blk_free == 0 && p->n_lines == 0); /* an empty pool */
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return kvl_errf(err, errlen, -errno, "cannot open spill file '%s': %s", path, strerror(errno));
   struct stat st;
@@ -138,13 +136,24 @@ int kvl_pool_load(kvl_pool_t *p, const char *path, const char *fp, int32_t *n_lo
     got += (size_t)k;
   }
   close(fd);
+  int rc = got == size ? kvl_pool_load_mem(p, buf, size, path, fp, n_loaded, err, errlen)
+                       : kvl_errf(err, errlen, KVL_EFORMAT, "spill file '%s' is truncated", path);
+  free(buf);
+  return rc;
+}
+
+int kvl_pool_load_mem(kvl_pool_t *p, const uint8_t *buf, size_t size, const char *path, const char *fp,
+                      int32_t *n_loaded, char *err, size_t errlen) {
+  crc_init();
+  if (n_loaded) *n_loaded = 0;
+  KVL_ASSERT(p->n_blk - p->n_blk_free == 0 && p->n_lines == 0); /* an empty pool */
   int rc = 0;
   /* the header we would write for this pool must match byte for byte (but the count) */
   struct wbuf w = {0};
   header(&w, p, fp, 0);
   if (w.oom) { rc = KVL_ENOMEM; goto out; }
   size_t hl = w.n; /* this pool's header length */
-  if (got != size || size < 16) { rc = kvl_errf(err, errlen, KVL_EFORMAT, "spill file '%s' is truncated", path); goto out; }
+  if (size < 16) { rc = kvl_errf(err, errlen, KVL_EFORMAT, "spill file '%s' is truncated", path); goto out; }
   if (memcmp(buf, MAGIC, 8)) { rc = kvl_errf(err, errlen, KVL_EFORMAT, "'%s' is not a kvlingo spill file", path); goto out; }
   uint32_t fhl, crc;
   memcpy(&fhl, buf + 8, 4);
@@ -195,6 +204,5 @@ int kvl_pool_load(kvl_pool_t *p, const char *path, const char *fp, int32_t *n_lo
   if (n_loaded) *n_loaded = loaded;
 out:
   free(w.b);
-  free(buf);
   return rc;
 }

@@ -203,5 +203,8 @@ int kvl_pool_save(const kvl_pool_t *p, const char *path, const char *fingerprint
 /* Load into an empty pool's cold tier. *n_loaded (optional) gets the blocks indexed. */
 int kvl_pool_load(kvl_pool_t *p, const char *path, const char *fingerprint, int32_t *n_loaded, char *err,
                   size_t errlen);
+/* The same from a file already in memory; `name` is the file's name for the messages. */
+int kvl_pool_load_mem(kvl_pool_t *p, const uint8_t *buf, size_t size, const char *name, const char *fingerprint,
+                      int32_t *n_loaded, char *err, size_t errlen);
 
 #endif /* KVL_KVPOOL_H */
