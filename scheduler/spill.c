@@ -15,26 +15,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "kvl_error.h"
 #include "kvpool-impl.h"
 
-/* CRC-32 (IEEE, reflected), table built once. */
-static uint32_t crc_table[256];
-static void crc_init(void) {
-  if (crc_table[1]) return;
-  for (uint32_t i = 0; i < 256; i++) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; k++) c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
-    crc_table[i] = c;
-  }
-}
-static uint32_t crc32_update(uint32_t crc, const void *data, size_t n) {
-  const uint8_t *p = data;
-  crc = ~crc;
-  for (size_t i = 0; i < n; i++) crc = crc_table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
-  return ~crc;
-}
+/* CRC-32 (IEEE), zlib's */
+static uint32_t crc32_update(uint32_t crc, const void *data, size_t n) { return (uint32_t)crc32(crc, data, (uInt)n); }
 
 struct wbuf { uint8_t *b; size_t n, cap; bool oom; };
 static void put(struct wbuf *w, const void *p, size_t n) {
@@ -73,7 +60,6 @@ static void header(struct wbuf *w, const kvl_pool_t *p, const char *fp, uint64_t
 }
 
 int kvl_pool_save(const kvl_pool_t *p, const char *path, const char *fp, char *err, size_t errlen) {
-  crc_init();
   uint64_t n = 0;
   for (int32_t h = 0; h < p->n_blk; h++) n += p->blk[h].used && p->blk[h].indexed;
   struct wbuf w = {0};
@@ -144,7 +130,6 @@ int kvl_pool_load(kvl_pool_t *p, const char *path, const char *fp, int32_t *n_lo
 
 int kvl_pool_load_mem(kvl_pool_t *p, const uint8_t *buf, size_t size, const char *path, const char *fp,
                       int32_t *n_loaded, char *err, size_t errlen) {
-  crc_init();
   if (n_loaded) *n_loaded = 0;
   KVL_ASSERT(p->n_blk - p->n_blk_free == 0 && p->n_lines == 0); /* an empty pool */
   int rc = 0;

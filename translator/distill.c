@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include "kvl_distill.h"
 #include "kvl_error.h"
@@ -456,7 +458,13 @@ int kvl_distill_export(const kvl_distill_t *d, kvl_translator_t *t) {
   return 0;
 }
 
-/* ---- checkpoints: "KVLDIST1", step, map count, then per map rows, cols, w, m1, m2 ------ */
+/* ---- checkpoints: "KVLDIST2", step, map count, then per map rows, cols, w, m1, m2, and a
+ * crc32 of all that (zlib's). "KVLDIST1" (before 2026-12-02) is the same without the crc. */
+
+static bool put_crc(FILE *f, const void *p, size_t size, size_t n, uLong *crc) {
+  *crc = crc32(*crc, p, (uInt)(size * n));
+  return fwrite(p, size, n, f) == n;
+}
 
 int kvl_distill_save(const kvl_distill_t *d, const char *path, char *err, size_t errlen) {
   char tmp[4200];
@@ -464,15 +472,18 @@ int kvl_distill_save(const kvl_distill_t *d, const char *path, char *err, size_t
   FILE *f = fopen(tmp, "wb");
   if (!f) return kvl_errf(err, errlen, KVL_EIO, "checkpoint %s: %s", tmp, strerror(errno));
   int64_t n = 2 * (int64_t)d->n_layer;
-  bool ok = fwrite("KVLDIST1", 1, 8, f) == 8 && fwrite(&d->step, sizeof(d->step), 1, f) == 1 &&
-            fwrite(&n, sizeof(n), 1, f) == 1;
+  uLong crc = crc32(0L, Z_NULL, 0);
+  bool ok = put_crc(f, "KVLDIST2", 1, 8, &crc) && put_crc(f, &d->step, sizeof(d->step), 1, &crc) &&
+            put_crc(f, &n, sizeof(n), 1, &crc);
   for (int64_t i = 0; i < n && ok; i++) {
     const struct pmap *p = &d->maps[i];
     size_t e = (size_t)(p->rows * p->cols);
-    ok = fwrite(&p->rows, sizeof(p->rows), 1, f) == 1 && fwrite(&p->cols, sizeof(p->cols), 1, f) == 1 &&
-         fwrite(p->w, sizeof(float), e, f) == e && fwrite(p->m1, sizeof(float), e, f) == e &&
-         fwrite(p->m2, sizeof(float), e, f) == e;
+    ok = put_crc(f, &p->rows, sizeof(p->rows), 1, &crc) && put_crc(f, &p->cols, sizeof(p->cols), 1, &crc) &&
+         put_crc(f, p->w, sizeof(float), e, &crc) && put_crc(f, p->m1, sizeof(float), e, &crc) &&
+         put_crc(f, p->m2, sizeof(float), e, &crc);
   }
+  uint32_t c32 = (uint32_t)crc;
+  ok = ok && fwrite(&c32, 4, 1, f) == 1 && fflush(f) == 0 && fsync(fileno(f)) == 0; /* on disk before the rename */
   if (fclose(f) != 0) ok = false;
   if (!ok || rename(tmp, path) != 0) {
     remove(tmp);
@@ -481,24 +492,65 @@ int kvl_distill_save(const kvl_distill_t *d, const char *path, char *err, size_t
   return 0;
 }
 
+/* Read what save wrote, checking the shapes against d's maps; into d's maps only when
+ * `into` (the second pass), otherwise into a scratch buffer (the first pass only checks).
+ * Returns 0, or 1 for a wrong shape or size, 2 for a checksum mismatch. */
+static int ckpt_pass(kvl_distill_t *d, FILE *f, bool into, int64_t *step_out) {
+  char magic[8];
+  int64_t step, n;
+  if (fread(magic, 1, 8, f) != 8) return 1;
+  bool v2 = !memcmp(magic, "KVLDIST2", 8);
+  if (!v2 && memcmp(magic, "KVLDIST1", 8)) return 1;
+  uLong crc = crc32(crc32(0L, Z_NULL, 0), (const Bytef *)magic, 8);
+  if (fread(&step, sizeof(step), 1, f) != 1 || fread(&n, sizeof(n), 1, f) != 1 || step < 0 || n != 2 * (int64_t)d->n_layer)
+    return 1;
+  crc = crc32(crc, (const Bytef *)&step, sizeof(step));
+  crc = crc32(crc, (const Bytef *)&n, sizeof(n));
+  float *scratch = NULL;
+  int bad = 0;
+  for (int64_t i = 0; i < n && !bad; i++) {
+    struct pmap *p = &d->maps[i];
+    int64_t rc[2];
+    if (fread(rc, sizeof(int64_t), 2, f) != 2 || rc[0] != p->rows || rc[1] != p->cols) { bad = 1; break; }
+    crc = crc32(crc, (const Bytef *)rc, sizeof(rc));
+    size_t e = (size_t)(p->rows * p->cols);
+    float *dst[3] = {p->w, p->m1, p->m2};
+    if (!into) {
+      float *ns = realloc(scratch, e * sizeof(float));
+      if (!ns) { bad = 1; break; }
+      scratch = ns;
+    }
+    for (int k = 0; k < 3 && !bad; k++) {
+      float *to = into ? dst[k] : scratch;
+      if (fread(to, sizeof(float), e, f) != e) { bad = 1; break; }
+      crc = crc32(crc, (const Bytef *)to, (uInt)(e * sizeof(float)));
+    }
+  }
+  free(scratch);
+  if (bad) return 1;
+  uint32_t c32 = 0;
+  if (v2 && fread(&c32, 4, 1, f) != 1) return 1;
+  if (fgetc(f) != EOF) return 1;
+  if (v2 && c32 != (uint32_t)crc) return 2;
+  *step_out = step;
+  return 0;
+}
+
 int kvl_distill_load(kvl_distill_t *d, const char *path, char *err, size_t errlen) {
   FILE *f = fopen(path, "rb");
   if (!f) return kvl_errf(err, errlen, KVL_ENOENT, "checkpoint %s: %s", path, strerror(errno));
-  char magic[8];
-  int64_t step, n;
-  bool ok = fread(magic, 1, 8, f) == 8 && !memcmp(magic, "KVLDIST1", 8) && fread(&step, sizeof(step), 1, f) == 1 &&
-            fread(&n, sizeof(n), 1, f) == 1 && n == 2 * (int64_t)d->n_layer;
-  for (int64_t i = 0; i < n && ok; i++) {
-    struct pmap *p = &d->maps[i];
-    int64_t r, c;
-    ok = fread(&r, sizeof(r), 1, f) == 1 && fread(&c, sizeof(c), 1, f) == 1 && r == p->rows && c == p->cols;
-    size_t e = (size_t)(r * c);
-    ok = ok && fread(p->w, sizeof(float), e, f) == e && fread(p->m1, sizeof(float), e, f) == e &&
-         fread(p->m2, sizeof(float), e, f) == e;
+  int64_t step = 0;
+  int bad = ckpt_pass(d, f, false, &step); /* check everything before touching the maps */
+  if (!bad) {
+    rewind(f);
+    if (ckpt_pass(d, f, true, &step)) {
+      fclose(f);
+      return kvl_errf(err, errlen, KVL_EIO, "checkpoint %s changed while it was read: start over", path);
+    }
   }
-  ok = ok && fgetc(f) == EOF;
   fclose(f);
-  if (!ok) return kvl_errf(err, errlen, KVL_EFORMAT, "checkpoint %s: not a checkpoint of these maps (shapes or size differ)", path);
+  if (bad == 2) return kvl_errf(err, errlen, KVL_EFORMAT, "checkpoint %s: checksum mismatch (damaged)", path);
+  if (bad) return kvl_errf(err, errlen, KVL_EFORMAT, "checkpoint %s: not a checkpoint of these maps (shapes or size differ)", path);
   d->step = step;
   return 0;
 }

@@ -6,8 +6,8 @@
  *
  * Every record is checksummed, so random bytes rarely get past the checks; an input
  * refused for a checksum is therefore loaded a second time with its checksums recomputed
- * (zlib's crc32: the same IEEE CRC-32, an implementation that is not ours), so the fuzzer
- * also reaches what a file with valid checksums but arbitrary records does. */
+ * (zlib's crc32, as the reader's), so the fuzzer also reaches what a file with valid
+ * checksums but arbitrary records does. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>

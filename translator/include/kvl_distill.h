@@ -100,8 +100,9 @@ int64_t kvl_distill_steps(const kvl_distill_t *d);
 /* The current maps into t (same shapes as init: a copy of it, or a translator made by
  * kvl_translator_new for the same pair). */
 int kvl_distill_export(const kvl_distill_t *d, kvl_translator_t *t);
-/* Checkpoint: maps, both AdamW moments and the step count, to `path` (temporary file +
- * rename); load refuses a file whose shapes differ. */
+/* Checkpoint: maps, both AdamW moments and the step count, checksummed, to `path`
+ * (temporary file, synced, renamed over it). Load checks the whole file (shapes, size,
+ * checksum) before it changes anything: a refused checkpoint leaves d as it was. */
 int kvl_distill_save(const kvl_distill_t *d, const char *path, char *err, size_t errlen);
 int kvl_distill_load(kvl_distill_t *d, const char *path, char *err, size_t errlen);
 
