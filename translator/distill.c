@@ -536,21 +536,33 @@ static int ckpt_pass(kvl_distill_t *d, FILE *f, bool into, int64_t *step_out) {
   return 0;
 }
 
-int kvl_distill_load(kvl_distill_t *d, const char *path, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return kvl_errf(err, errlen, KVL_ENOENT, "checkpoint %s: %s", path, strerror(errno));
+static int ckpt_load_stream(kvl_distill_t *d, FILE *f, const char *path, char *err, size_t errlen) {
   int64_t step = 0;
   int bad = ckpt_pass(d, f, false, &step); /* check everything before touching the maps */
   if (!bad) {
     rewind(f);
-    if (ckpt_pass(d, f, true, &step)) {
-      fclose(f);
+    if (ckpt_pass(d, f, true, &step))
       return kvl_errf(err, errlen, KVL_EIO, "checkpoint %s changed while it was read: start over", path);
-    }
   }
-  fclose(f);
   if (bad == 2) return kvl_errf(err, errlen, KVL_EFORMAT, "checkpoint %s: checksum mismatch (damaged)", path);
   if (bad) return kvl_errf(err, errlen, KVL_EFORMAT, "checkpoint %s: not a checkpoint of these maps (shapes or size differ)", path);
   d->step = step;
   return 0;
+}
+
+int kvl_distill_load(kvl_distill_t *d, const char *path, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return kvl_errf(err, errlen, KVL_ENOENT, "checkpoint %s: %s", path, strerror(errno));
+  int rc = ckpt_load_stream(d, f, path, err, errlen);
+  fclose(f);
+  return rc;
+}
+
+int kvl_distill_load_mem(kvl_distill_t *d, const void *data, size_t len, const char *name, char *err, size_t errlen) {
+  FILE *f = len ? fmemopen((void *)data, len, "rb") : NULL;
+  if (!f) return len ? kvl_errf(err, errlen, KVL_ENOMEM, "checkpoint %s: %s", name, strerror(errno))
+                     : kvl_errf(err, errlen, KVL_EFORMAT, "checkpoint %s: empty", name);
+  int rc = ckpt_load_stream(d, f, name, err, errlen);
+  fclose(f);
+  return rc;
 }

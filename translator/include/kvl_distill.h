@@ -105,5 +105,7 @@ int kvl_distill_export(const kvl_distill_t *d, kvl_translator_t *t);
  * checksum) before it changes anything: a refused checkpoint leaves d as it was. */
 int kvl_distill_save(const kvl_distill_t *d, const char *path, char *err, size_t errlen);
 int kvl_distill_load(kvl_distill_t *d, const char *path, char *err, size_t errlen);
+/* The same from bytes in memory; `name` is the file's name for the messages. */
+int kvl_distill_load_mem(kvl_distill_t *d, const void *data, size_t len, const char *name, char *err, size_t errlen);
 
 #endif /* KVL_DISTILL_H */
