@@ -3,7 +3,7 @@
  *
  *   header  "KVLSPIL1" | u32 header bytes | u32 block tokens (16) | u64 block bytes
  *           | i32 n_layer, n_kv_head, head_dim, dtype | u32 fingerprint length | fingerprint
- *           | u64 record count | u32 crc32 of everything before it
+ *           | u64 record count | u32 crc32 (IEEE, zlib's) of everything before it
  *   record  u64 parent key | i32 tokens[16] | u16 writers[16] | block bytes of K/V data
  *           | u32 crc32 of the record
  */
@@ -19,9 +19,6 @@
 
 #include "kvl_error.h"
 #include "kvpool-impl.h"
-
-/* CRC-32 (IEEE), zlib's */
-static uint32_t crc32_update(uint32_t crc, const void *data, size_t n) { return (uint32_t)crc32(crc, data, (uInt)n); }
 
 struct wbuf { uint8_t *b; size_t n, cap; bool oom; };
 static void put(struct wbuf *w, const void *p, size_t n) {
@@ -55,7 +52,7 @@ static void header(struct wbuf *w, const kvl_pool_t *p, const char *fp, uint64_t
   if (w->oom) return;
   hb = (uint32_t)(w->n + 4);
   memcpy(w->b + hb_at, &hb, 4);
-  uint32_t crc = crc32_update(0, w->b, w->n);
+  uint32_t crc = (uint32_t)crc32(0L, w->b, w->n);
   put(w, &crc, 4);
 }
 
@@ -77,7 +74,7 @@ int kvl_pool_save(const kvl_pool_t *p, const char *path, const char *fp, char *e
     put(&w, b->writers, sizeof(b->writers));
     put(&w, data, p->bb);
     if (w.oom) break;
-    uint32_t crc = crc32_update(0, w.b + at, w.n - at);
+    uint32_t crc = (uint32_t)crc32(0L, w.b + at, w.n - at);
     put(&w, &crc, 4);
   }
   free(tmpblk);
@@ -144,7 +141,7 @@ int kvl_pool_load_mem(kvl_pool_t *p, const uint8_t *buf, size_t size, const char
   memcpy(&fhl, buf + 8, 4);
   if (fhl < 24 || fhl > size) { rc = kvl_errf(err, errlen, KVL_EFORMAT, "spill file '%s' is truncated", path); goto out; }
   memcpy(&crc, buf + fhl - 4, 4);
-  if (crc32_update(0, buf, fhl - 4) != crc) { rc = kvl_errf(err, errlen, KVL_EFORMAT, "spill file '%s': header checksum mismatch (damaged)", path); goto out; }
+  if ((uint32_t)crc32(0L, buf, fhl - 4) != crc) { rc = kvl_errf(err, errlen, KVL_EFORMAT, "spill file '%s': header checksum mismatch (damaged)", path); goto out; }
   /* same layout, dtype, block size and fingerprint: the headers agree but for the count */
   if (fhl != hl || memcmp(buf, w.b, hl - 12)) {
     rc = kvl_errf(err, errlen, KVL_EMISMATCH,
@@ -162,7 +159,7 @@ int kvl_pool_load_mem(kvl_pool_t *p, const uint8_t *buf, size_t size, const char
   for (uint64_t i = 0; i < n_rec; i++) { /* verify everything before trusting anything */
     const uint8_t *r = buf + hl + i * rec;
     memcpy(&crc, r + rec - 4, 4);
-    if (crc32_update(0, r, rec - 4) != crc) {
+    if ((uint32_t)crc32(0L, r, rec - 4) != crc) {
       rc = kvl_errf(err, errlen, KVL_EFORMAT, "spill file '%s': record %llu checksum mismatch (damaged)", path, (unsigned long long)i);
       goto out;
     }
