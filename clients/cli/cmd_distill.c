@@ -48,7 +48,10 @@ static void usage(FILE *f) {
     "      --eval-every N     steps between held-out KL evaluations (default 25)\n"
     "      --seed N           sample order (default 1)\n"
     "      --checkpoint FILE  resume from / save to (default OUT.ckpt)\n"
-    "      --save-every S     seconds between checkpoints (default 300)\n"
+    "      --save-every S     seconds between checkpoints (default 300); samples being\n"
+    "                         prepared are stored as often, and on SIGINT/SIGTERM\n"
+    "      --prepare-only     prepare the sample store (training and held-out) and exit;\n"
+    "                         needs only -s and -t\n"
     "      --log FILE         the training curve as JSON lines (default OUT.log.jsonl)\n"
     "  -h, --help             this text\n"
     "\n"
@@ -75,17 +78,31 @@ static void store_name(const struct kvl_cli_model *src, const struct kvl_cli_mod
            split, domain ? "-" : "", domain ? domain : "", n, prefix, cont, topk);
 }
 
+/* The name of a set stored by a preparation that has not finished: PATH.partial. */
+static void partial_name(const struct kvl_cli_model *src, const struct kvl_cli_model *dst, const char *corpus,
+                         const char *split, const char *domain, const char *store_dir, int32_t n, int32_t prefix,
+                         int32_t cont, int32_t topk, char *key, size_t keylen, char *path, size_t pathlen) {
+  store_name(src, dst, corpus, split, domain, store_dir, n, prefix, cont, topk, key, keylen, path, pathlen);
+  strncat(path, ".partial", pathlen - strlen(path) - 1);
+}
+
 /* The largest stored set of the same options with fewer than `want` samples: the corpus
- * hands out its windows in a fixed order, so those are the first samples of `want`. */
+ * hands out its windows in a fixed order, so those are the first samples of `want`. A set
+ * stored by an interrupted preparation (PATH.partial) counts too; its name goes to
+ * `partial` (else "") so that the run completing it removes it. */
 static int load_smaller(const struct kvl_cli_model *src, const struct kvl_cli_model *dst, const char *corpus,
                         const char *split, const char *domain, const char *store_dir, int32_t want, int32_t prefix,
-                        int32_t cont, int32_t topk, struct kvl_distill_sample **out, int32_t *n_out) {
+                        int32_t cont, int32_t topk, struct kvl_distill_sample **out, int32_t *n_out, char *partial,
+                        size_t partial_len) {
   char key[1024], path[4400], err[512];
-  for (int32_t n = want - 1; n >= 1; n--) { /* stat is cheap; n is a few hundred */
+  partial[0] = 0;
+  for (int32_t n = want - 1, part = 0; n >= 1; n -= part, part = !part) { /* stat is cheap; n is a few hundred */
     store_name(src, dst, corpus, split, domain, store_dir, n, prefix, cont, topk, key, sizeof(key), path, sizeof(path));
+    if (part) strncat(path, ".partial", sizeof(path) - strlen(path) - 1);
     if (access(path, R_OK) != 0) continue;
     if (kvl_distill_samples_load(path, key, out, n_out, err, sizeof(err)) == 0 && *n_out == n) {
       fprintf(stderr, "%d samples from %s; preparing the other %d\n", n, path, want - n);
+      if (part) snprintf(partial, partial_len, "%s", path);
       return 0;
     }
     if (*out) {
@@ -102,7 +119,7 @@ static int load_smaller(const struct kvl_cli_model *src, const struct kvl_cli_mo
  * (only those beyond a smaller stored set of the same options). */
 static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const char *corpus, const char *split,
                    const char *domain, const char *store_dir, int32_t want, int32_t prefix, int32_t cont, int32_t topk,
-                   struct kvl_distill_sample **out, int32_t *n_out, char *err, size_t errlen) {
+                   double save_every, struct kvl_distill_sample **out, int32_t *n_out, char *err, size_t errlen) {
   char key[1024], path[4400], what[32];
   store_name(src, dst, corpus, split, domain, store_dir, want, prefix, cont, topk, key, sizeof(key), path, sizeof(path));
   snprintf(what, sizeof(what), "%s%s%s", split, domain ? " " : "", domain ? domain : "");
@@ -114,7 +131,10 @@ static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const c
   if (rc != KVL_ENOENT) fprintf(stderr, "%s; preparing them again\n", err);
   struct kvl_distill_sample *have = NULL;
   int32_t n_have = 0;
-  if (rc == KVL_ENOENT) load_smaller(src, dst, corpus, split, domain, store_dir, want, prefix, cont, topk, &have, &n_have);
+  char grown_from[4400] = ""; /* a partial store this run completes (removed once it has) */
+  if (rc == KVL_ENOENT)
+    load_smaller(src, dst, corpus, split, domain, store_dir, want, prefix, cont, topk, &have, &n_have, grown_from,
+                 sizeof(grown_from));
   struct kvl_corpus_opts co = {.split_tsv = corpus, .split = split, .domain = domain, .ctx = prefix + cont,
                                .min_tokens = prefix + cont, .max_per_file = 4,
                                .max_tokens = (int64_t)(prefix + cont) * want, .chat_every = 4, .chat_model = dst->m};
@@ -141,22 +161,62 @@ static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const c
     else kvl_distill_sample_free(&have[i]);
   }
   free(have);
-  double t0 = kvl_cli_now();
-  for (int32_t i = reuse; i < n && rc == 0; i++) {
+  double t0 = kvl_cli_now(), t_saved = t0;
+  int32_t done = reuse, partial = 0; /* partial: the size of the store this run last wrote short of n */
+  mkdir(store_dir, 0755);            /* one level: the default's parent is the model cache's */
+  for (int32_t i = reuse; i < n && rc == 0 && !g_stop; i++) {
     if (smp[i].n < prefix + cont) { /* the corpus guarantees min_tokens; never read past a sample */
       rc = kvl_errf(err, errlen, KVL_EFORMAT, "corpus sample %d of %s has %d tokens, %d needed", i, what, smp[i].n,
                     prefix + cont);
       break;
     }
     rc = kvl_distill_prepare(src->m, dst->m, smp[i].ids, prefix, cont, topk, &(*out)[i], err, errlen);
+    if (rc == 0) done = i + 1;
     kvl_cli_progress(what, i + 1 - reuse, n - reuse, t0);
+    /* the prepared ones are kept every save_every seconds and on a signal, as the store of the
+     * first `done` windows, which the next run finds (load_smaller) and continues from */
+    if (rc == 0 && done < n && done > reuse && (g_stop || kvl_cli_now() - t_saved > save_every)) {
+      char k2[1024], p2[4400], e2[512];
+      partial_name(src, dst, corpus, split, domain, store_dir, done, prefix, cont, topk, k2, sizeof(k2), p2, sizeof(p2));
+      if (kvl_distill_samples_save(p2, k2, *out, done, e2, sizeof(e2)) < 0) {
+        fprintf(stderr, "\nkvlingo distill: %s (not stored)\n", e2);
+      } else {
+        if (partial > 0) { /* this run's previous one */
+          partial_name(src, dst, corpus, split, domain, store_dir, partial, prefix, cont, topk, k2, sizeof(k2), p2,
+                       sizeof(p2));
+          remove(p2);
+        } else if (grown_from[0]) { /* the one it grew from: the new one holds it */
+          remove(grown_from);
+          grown_from[0] = 0;
+        }
+        partial = done;
+      }
+      t_saved = kvl_cli_now();
+    }
   }
   kvl_samples_free(smp, n_smp);
+  if (rc == 0 && done < n) { /* stopped by a signal: the prepared ones are stored (above) */
+    for (int32_t i = 0; i < done; i++) kvl_distill_sample_free(&(*out)[i]);
+    free(*out);
+    *out = NULL;
+    *n_out = 0;
+    if (partial == done) fprintf(stderr, "\n%s: stopped; %d of %d samples stored; the same command continues\n", what, done, n);
+    return kvl_errf(err, errlen, KVL_ECANCELED, "stopped while preparing the %s samples", what);
+  }
   *n_out = n;
   if (rc == 0) {
-    mkdir(store_dir, 0755); /* one level: the default's parent is the model cache's */
-    if (kvl_distill_samples_save(path, key, *out, n, err, errlen) < 0) fprintf(stderr, "kvlingo distill: %s (not stored)\n", err);
-    else fprintf(stderr, "%s: stored in %s\n", what, path);
+    char k2[1024], p2[4400];
+    if (kvl_distill_samples_save(path, key, *out, n, err, errlen) < 0) {
+      fprintf(stderr, "kvlingo distill: %s (not stored)\n", err);
+    } else {
+      fprintf(stderr, "%s: stored in %s\n", what, path);
+      if (partial > 0) { /* the complete set holds the partial ones */
+        partial_name(src, dst, corpus, split, domain, store_dir, partial, prefix, cont, topk, k2, sizeof(k2), p2,
+                     sizeof(p2));
+        remove(p2);
+      }
+      if (grown_from[0]) remove(grown_from);
+    }
   }
   return rc;
 }
@@ -216,8 +276,9 @@ int kvl_cli_distill(int argc, char **argv) {
   int32_t n_train = 256, n_eval = 12, prefix = 256, cont = 32, topk = 64, steps = 200, batch = 8, eval_every = 25;
   double lr = 1e-4, warmup = 0.05, clip = 1.0, save_every = 300;
   unsigned seed = 1;
+  int prepare_only = 0;
   enum { O_INIT = 1000, O_CORPUS, O_SAMPLES, O_EVAL_SAMPLES, O_PREFIX, O_CONT, O_TOPK, O_STEPS, O_BATCH, O_LR,
-         O_WARMUP, O_CLIP, O_EVAL_EVERY, O_SEED, O_CKPT, O_SAVE_EVERY, O_LOG, O_SAMPLE_DIR };
+         O_WARMUP, O_CLIP, O_EVAL_EVERY, O_SEED, O_CKPT, O_SAVE_EVERY, O_LOG, O_SAMPLE_DIR, O_PREPARE_ONLY };
   static const struct option opts[] = {
     {"source", required_argument, 0, 's'}, {"target", required_argument, 0, 't'}, {"init", required_argument, 0, O_INIT},
     {"out", required_argument, 0, 'o'}, {"corpus", required_argument, 0, O_CORPUS},
@@ -228,7 +289,8 @@ int kvl_cli_distill(int argc, char **argv) {
     {"warmup", required_argument, 0, O_WARMUP}, {"clip", required_argument, 0, O_CLIP},
     {"eval-every", required_argument, 0, O_EVAL_EVERY}, {"seed", required_argument, 0, O_SEED},
     {"checkpoint", required_argument, 0, O_CKPT}, {"save-every", required_argument, 0, O_SAVE_EVERY},
-    {"log", required_argument, 0, O_LOG}, {"sample-dir", required_argument, 0, O_SAMPLE_DIR}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    {"log", required_argument, 0, O_LOG}, {"sample-dir", required_argument, 0, O_SAMPLE_DIR},
+    {"prepare-only", no_argument, 0, O_PREPARE_ONLY}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "s:t:o:h", opts, NULL)) != -1) {
@@ -254,11 +316,12 @@ int kvl_cli_distill(int argc, char **argv) {
     case O_SAVE_EVERY: save_every = atof(optarg); break;
     case O_LOG: log_path = optarg; break;
     case O_SAMPLE_DIR: sample_dir = optarg; break;
+    case O_PREPARE_ONLY: prepare_only = 1; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
   }
-  if (!src_arg || !dst_arg || !init_path || !out_path) {
+  if (!src_arg || !dst_arg || (!prepare_only && (!init_path || !out_path))) {
     usage(stderr);
     return 2;
   }
@@ -267,6 +330,7 @@ int kvl_cli_distill(int argc, char **argv) {
     return 2;
   }
   char ckpt_buf[4200], log_buf[4200];
+  if (!out_path) out_path = "(none)"; /* --prepare-only */
   if (!ckpt) { snprintf(ckpt_buf, sizeof(ckpt_buf), "%s.ckpt", out_path); ckpt = ckpt_buf; }
   if (!log_path) { snprintf(log_buf, sizeof(log_buf), "%s.log.jsonl", out_path); log_path = log_buf; }
   char err[1024], dir_buf[4200];
@@ -282,22 +346,29 @@ int kvl_cli_distill(int argc, char **argv) {
   int32_t n_tr = 0, n_ev[2] = {0, 0};
   int rc = kvl_cli_model_open(&src, src_arg, err, sizeof(err));
   if (rc == 0) rc = kvl_cli_model_open(&dst, dst_arg, err, sizeof(err));
-  if (rc == 0) rc = kvl_translator_load(init_path, &init, err, sizeof(err));
-  if (rc == 0) rc = kvl_translator_check_models(init, &src.fp, &dst.fp, err, sizeof(err));
+  if (rc == 0 && !prepare_only) rc = kvl_translator_load(init_path, &init, err, sizeof(err));
+  if (rc == 0 && !prepare_only) rc = kvl_translator_check_models(init, &src.fp, &dst.fp, err, sizeof(err));
   double t0 = kvl_cli_now();
-  if (rc == 0) {
+  if (rc == 0 && !prepare_only) {
     fprintf(stderr, "dense fp32 copy of %s ...\n", dst.short_name);
     rc = kvl_dense_new(dst.m, &dense, err, sizeof(err));
   }
-  if (rc == 0)
+  if (rc == 0 && !prepare_only)
     rc = kvl_distill_new(init, dense, &(struct kvl_distill_opts){.clip = (float)clip}, &d, err, sizeof(err));
+  signal(SIGINT, on_signal); /* from here a signal stops preparation or training, keeping what is done */
+  signal(SIGTERM, on_signal);
   if (rc == 0)
-    rc = prepare(&src, &dst, corpus, "fit", NULL, sample_dir, n_train, prefix, cont, topk, &tr, &n_tr, err, sizeof(err));
+    rc = prepare(&src, &dst, corpus, "fit", NULL, sample_dir, n_train, prefix, cont, topk, save_every, &tr, &n_tr, err, sizeof(err));
   for (int j = 0; j < 2 && rc == 0; j++)
-    rc = prepare(&src, &dst, corpus, "val", k_domains[j], sample_dir, n_eval, prefix, cont, topk, &ev[j], &n_ev[j], err,
+    rc = prepare(&src, &dst, corpus, "val", k_domains[j], sample_dir, n_eval, prefix, cont, topk, save_every, &ev[j], &n_ev[j], err,
                  sizeof(err));
   if (rc < 0) {
     fprintf(stderr, "kvlingo distill: %s\n", err);
+    goto done;
+  }
+  if (prepare_only) {
+    fprintf(stderr, "%s -> %s: %d training samples, %d held-out (prefix %d, %d scored) in %s; prepared in %.0f s\n",
+            src.short_name, dst.short_name, n_tr, n_ev[0] + n_ev[1], prefix, cont, sample_dir, kvl_cli_now() - t0);
     goto done;
   }
   fprintf(stderr, "%s -> %s: %lld parameters; %d training samples, %d held-out (prefix %d, %d scored); dense copy %.1f GiB; "
@@ -319,8 +390,6 @@ int kvl_cli_distill(int argc, char **argv) {
     goto done;
   }
   struct run_info ri = {init_path, batch, n_tr, prefix, cont, topk, steps, lr, warmup, seed};
-  signal(SIGINT, on_signal);
-  signal(SIGTERM, on_signal);
   double hk_code = mean_kl(d, ev[0], n_ev[0]), hk_prose = mean_kl(d, ev[1], n_ev[1]), kl0 = (hk_code + hk_prose) / 2;
   if (kvl_distill_steps(d) == 0) {
     fprintf(lg, "{\"step\":0,\"heldout_kl\":%.6f,\"heldout_kl_code\":%.6f,\"heldout_kl_prose\":%.6f}\n", kl0, hk_code,

@@ -6,7 +6,11 @@ grows instead of starting over, and a step runs on a batch through the real targ
 2. --samples 3 on the same store loads those two and prepares only the third;
 3. --samples 3 on an empty store prepares all three: the file must be byte for byte the
    one that step 2 grew (preparation is deterministic, the corpus hands out its windows in
-   a fixed order, so reuse changes nothing).
+   a fixed order, so reuse changes nothing);
+4. --prepare-only --samples 12 on the grown store, stopped by SIGINT once it has stored a
+   partial set (--save-every 0: after every sample): what was prepared stays stored, and
+   the same command then prepares only the rest; the result equals a store of 12 prepared
+   in one go (--prepare-only, no step run).
 
 usage: test-distill-store.py KVLINGO MODELS_DIR REPO_ROOT
 """
@@ -14,7 +18,9 @@ import json
 import os
 import subprocess
 import sys
+import signal
 import tempfile
+import time
 
 kvlingo, models, root = sys.argv[1:4]
 src = os.path.join(models, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
@@ -43,6 +49,12 @@ def distill(store, n, out):
     return r
 
 
+def prepare_cmd(store, n):
+    return [kvlingo, "distill", "--prepare-only", "-s", src, "-t", dst, "--corpus", corpus, "--samples", str(n),
+            "--eval-samples", "1", "--prefix", "32", "--cont", "8", "--topk", "8", "--save-every", "0",
+            "--sample-dir", store]
+
+
 with tempfile.TemporaryDirectory() as tmp:
     grown, fresh = os.path.join(tmp, "grown"), os.path.join(tmp, "fresh")
     name = lambda n: f"qwen2.5-coder-1.5b-to-qwen2.5-coder-0.5b.fit.n{n}-p32-c8-k8.samples"
@@ -60,5 +72,29 @@ with tempfile.TemporaryDirectory() as tmp:
     a, b = os.path.join(grown, name(3)), os.path.join(fresh, name(3))
     same = os.path.exists(a) and os.path.exists(b) and open(a, "rb").read() == open(b, "rb").read()
     check(same, "the grown store equals the one prepared from scratch, byte for byte")
+
+    # 4: interrupted preparation keeps what it prepared
+    p = subprocess.Popen(prepare_cmd(grown, 12), stderr=subprocess.PIPE, text=True)
+    t0, part = time.time(), []
+    while time.time() - t0 < 300 and p.poll() is None and not part:
+        part = [n for n in range(4, 12) if os.path.exists(os.path.join(grown, name(n) + ".partial"))]
+        time.sleep(0.01)
+    if part:
+        p.send_signal(signal.SIGINT)
+    _, errs = p.communicate(timeout=300)
+    left = sorted(n for n in range(4, 12) if os.path.exists(os.path.join(grown, name(n) + ".partial")))
+    check(part and p.returncode != 0 and "stopped; " in errs and len(left) == 1 and left[0] < 12
+          and os.path.exists(os.path.join(grown, name(3))) and not os.path.exists(os.path.join(grown, name(12))),
+          f"SIGINT while preparing: one partial store kept ({left}), the one it grew from too")
+    r = subprocess.run(prepare_cmd(grown, 12), capture_output=True, text=True, timeout=600)
+    check(r.returncode == 0 and left and f"{left[0]} samples from" in r.stderr
+          and not [f for f in os.listdir(grown) if f.endswith(".partial")],
+          "the same command continues from the partial store, and removes it when complete")
+    r = subprocess.run(prepare_cmd(fresh, 12), capture_output=True, text=True, timeout=600)
+    check(r.returncode == 0 and "dense fp32 copy" not in r.stderr and "held-out KL" not in r.stderr,
+          "--prepare-only: samples only, no dense copy, no run")
+    a, b = os.path.join(grown, name(12)), os.path.join(fresh, name(12))
+    same = os.path.exists(a) and os.path.exists(b) and open(a, "rb").read() == open(b, "rb").read()
+    check(same, "interrupted and continued equals prepared in one go, byte for byte")
 print(f"{failed} failed")
 sys.exit(1 if failed else 0)
