@@ -74,6 +74,10 @@ int kvl__qdot_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, co
 bool kvl__amx_usable(void);
 int kvl__qmatmul_amx(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                      const float *xd, const int32_t *xs, int n_tokens, const float *bias, float *y);
+/* The same contract with AVX2 only (cpu/qmatmul_avx2.c): 8 tokens per vector, 4 rows per
+ * block, for any number of tokens; batch-invariant like the tiles. */
+int kvl__qmatmul_avx2(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
+                      const float *xd, const int32_t *xs, int n_tokens, const float *bias, float *y);
 
 /* The tiles of the tiled attention (cpu/cpu.c): runs of consecutive positions of one
  * sequence, at most tq tokens each; tile i is tokens tile[i] .. tile[i+1]-1 (tile holds
@@ -115,11 +119,11 @@ struct kvl_backend {
   int qdot_max_t; /* CPU backend: the int8 decode kernels take products of up to this many
                    * tokens, fp32 above (0: KVL__QDOT_USE_T); KVL_DECODE_INT8_MAX=N overrides */
   int bf16_min_t; /* CPU backend: products of at least this many tokens in bf16 (0: never) */
-  /* CPU backend: products of at least amx_min_t tokens on the int8 formats through qmatmul
-   * (AMX tiles; 0: never) */
+  /* CPU backend: products of at least qmatmul_min_t tokens on the int8 formats through
+   * qmatmul (AMX tiles, or the AVX2 tokens-in-lanes kernel; 0: never) */
   int (*qmatmul)(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                  const float *xd, const int32_t *xs, int n_tokens, const float *bias, float *y);
-  int amx_min_t;
+  int qmatmul_min_t;
 };
 
 #endif

@@ -2,7 +2,8 @@
  * time (AMX int8, AVX-512 VNNI, AVX-512F, AVX2 with or without its int8 kernels, portable
  * C), forceable with KVL_CPU=level.
  *
- * A matmul takes, in this order: AMX int8 tiles (batches from amx_min_t tokens), the int8
+ * A matmul takes, in this order: the whole-matmul int8 kernels (AMX tiles, or AVX2 with tokens
+ * in lanes; batches from qmatmul_min_t tokens), the int8
  * decode kernels (up to 16 tokens), bf16 GEMMs through oneDNN (the avx512bf16 level), or
  * fp32: weights dequantised a chunk of rows at a time, then the level's outer-product
  * kernel (gemm_xt, batch-invariant) or, on the portable level, gemm_tile. */
@@ -198,12 +199,13 @@ static void xt_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float
   free(xg);
 }
 
-/* Batched decode and prefill on AMX int8 tiles: the activations to int8 as for the decode
- * kernels, then 16 weight rows x 16 tokens per tile product (cpu/qdot_amx.c). Each
+/* Batched decode and prefill on AMX int8 tiles or AVX2: the activations to int8 as for the
+ * decode kernels, then 16 weight rows x 16 tokens per tile product (cpu/qdot_amx.c), or 4
+ * rows x 8 tokens per block of vectors (cpu/qmatmul_avx2.c). Each
  * token's result depends on its own activations only, so a prompt's cache does not
  * depend on how its prefill was chunked. Nonzero: the kernel refused (a width it does not
  * tile); compute it another way. */
-static int amx_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
+static int qmatmul_call(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
   const int64_t K = w->cols, N = w->rows;
   if (K % 64) return KVL_EINVAL;
   int8_t *xq;
@@ -218,8 +220,8 @@ static int amx_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float
 }
 
 static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
-  if (be->amx_min_t && n_tokens >= be->amx_min_t && qdot_type(w->type) && int8_decode_enabled() &&
-      amx_matmul(be, w, x, y, n_tokens) == 0)
+  if (be->qmatmul_min_t && n_tokens >= be->qmatmul_min_t && qdot_type(w->type) && int8_decode_enabled() &&
+      qmatmul_call(be, w, x, y, n_tokens) == 0)
     return;
   if (be->qdot && n_tokens <= qdot_max_t(be) && qdot_type(w->type) && int8_decode_enabled()) {
     qdot_matmul(be, w, x, y, n_tokens);
@@ -419,6 +421,15 @@ static kvl_backend_t be_avx2 = {.name = "cpu-avx2", .ops = &cpu_ops, .simd = &kv
 /* AVX2 with the int8-activation decode kernels (vpmaddubsw) for 1..16 tokens; fp32 above */
 static kvl_backend_t be_avx2int8 = {.name = "cpu-avx2-int8", .ops = &cpu_ops, .simd = &kvl__simd_avx2,
                                     .qdot = kvl__qdot_avx2, .q8_act = kvl__q8_act_avx2};
+/* The same, with batches of 2 or more tokens on the tokens-in-lanes kernel; its exact twin
+ * (prefill chunks; the attention sink's rows go to fp32) takes that kernel for every size, so
+ * a prompt's cache does not depend on its chunking. */
+static kvl_backend_t be_avx2int8mm = {.name = "cpu-avx2-int8-mm", .ops = &cpu_ops, .simd = &kvl__simd_avx2,
+                                      .qdot = kvl__qdot_avx2, .q8_act = kvl__q8_act_avx2,
+                                      .qmatmul = kvl__qmatmul_avx2, .qmatmul_min_t = 2};
+static kvl_backend_t be_avx2int8mm_exact = {.name = "cpu-avx2-int8-mm-prefill", .ops = &cpu_ops,
+                                            .simd = &kvl__simd_avx2, .q8_act = kvl__q8_act_avx2,
+                                            .qmatmul = kvl__qmatmul_avx2, .qmatmul_min_t = 1};
 static kvl_backend_t be_avx512 = {.name = "cpu-avx512", .ops = &cpu_ops, .simd = &kvl__simd_avx512};
 #define VNNI_DECODE .q8_act = kvl__q8_act, .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni, .qdot_vec = kvl__qdot_vec_avx512vnni
 static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE};
@@ -428,10 +439,10 @@ static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops
  * fp32) takes the tiles for every size, so a prompt's cache does not depend on its
  * chunking. */
 static kvl_backend_t be_amx = {.name = "cpu-amx-int8", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE,
-                               .qmatmul = kvl__qmatmul_amx, .amx_min_t = 4};
+                               .qmatmul = kvl__qmatmul_amx, .qmatmul_min_t = 4};
 static kvl_backend_t be_amx_exact = {.name = "cpu-amx-int8-prefill", .ops = &cpu_ops, .simd = &kvl__simd_avx512,
                                      .q8_act = kvl__q8_act,
-                                     .qmatmul = kvl__qmatmul_amx, .amx_min_t = 1};
+                                     .qmatmul = kvl__qmatmul_amx, .qmatmul_min_t = 1};
 /* bf16 GEMMs (oneDNN, AMX where present) for every product above the int8 decode sizes;
  * its exact twin (prefill chunks, the attention sink) takes bf16 for every size, so a
  * prompt's cache does not depend on how its prefill was chunked. */
@@ -456,6 +467,8 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()
                ? &be_avx2int8
                : NULL;
+  if (!strcmp(level, "avx2int8mm"))
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c() ? &be_avx2int8mm : NULL;
   bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl");
   if (!strcmp(level, "avx512")) return avx512 ? &be_avx512 : NULL;
@@ -470,6 +483,7 @@ kvl_backend_t *kvl_backend_exact(kvl_backend_t *be) {
   if (be == &be_avx512bf16) return &be_avx512bf16_exact;
   if (be == &be_amx) return &be_amx_exact;
   if (be == &be_avx2int8) return &be_avx2;
+  if (be == &be_avx2int8mm) return &be_avx2int8mm_exact;
   return be == &be_avx512vnni ? &be_avx512 : be;
 }
 
@@ -477,7 +491,7 @@ kvl_backend_t *kvl_backend_fp32(kvl_backend_t *be) {
   if (be == &be_avx512vnni || be == &be_amx || be == &be_amx_exact || be == &be_avx512bf16 ||
       be == &be_avx512bf16_exact)
     return &be_avx512;
-  if (be == &be_avx2int8) return &be_avx2;
+  if (be == &be_avx2int8 || be == &be_avx2int8mm || be == &be_avx2int8mm_exact) return &be_avx2;
   return be; /* scalar, avx2, avx512, the reference, other backends: fp32 already */
 }
 

@@ -3,7 +3,8 @@
  * mean squared error, as ggml's test-backend-ops). `--perf` times the ops instead.
  *
  *   test-backend-ops            correctness (unit suite)
- *   test-backend-ops --perf     throughput of each op on model-sized shapes
+ *   test-backend-ops --perf [LEVEL...]   throughput of each op on model-sized shapes (the
+ *                                        levels named, e.g. avx2int8 avx2int8mm; default all)
  */
 #include <time.h>
 
@@ -54,6 +55,9 @@ static void test_matmul(kvl_backend_t *be) {
     /* batched decode on AMX tiles: partial 16-row groups, a last chunk of 128 elements (the
      * 32-element formats) */
     {20, 896, 9}, {37, 1280, 16}, {16, 2304, 2},
+    /* the AVX2 tokens-in-lanes kernel: 41 tokens over 4864 are two token tiles of 24 and 17
+     * (qmatmul_avx2.c), 13 rows a partial 4-row block */
+    {13, 4864, 41},
   };
   for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++)
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
@@ -77,7 +81,7 @@ static void test_matmul(kvl_backend_t *be) {
                (long long)cols, T, w.bias ? " +bias" : "");
       /* the int8-activation decode path (small batches, 4 formats) has quantisation error */
       bool i8type = ty == KVL_TYPE_Q8_0 || ty == KVL_TYPE_Q5_0 || ty == KVL_TYPE_Q4_K || ty == KVL_TYPE_Q6_K;
-      bool amx = be->amx_min_t && T >= be->amx_min_t && i8type;
+      bool amx = be->qmatmul_min_t && T >= be->qmatmul_min_t && i8type;
       bool int8 = (be->qdot && T <= KVL__QDOT_USE_T && i8type) || amx;
       /* bf16 GEMMs: both operands rounded to 8 significant bits, fp32 accumulation */
       bool bf16 = be->bf16_min_t && T >= be->bf16_min_t && !int8;
@@ -399,12 +403,17 @@ static void perf(kvl_backend_t *be) {
 }
 
 int main(int argc, char **argv) {
-  const char *levels[] = {"scalar", "avx2", "avx2int8", "avx512", "avx512vnni", "amx", "avx512bf16"};
+  const char *levels[] = {"scalar", "avx2", "avx2int8", "avx2int8mm", "avx512", "avx512vnni", "amx", "avx512bf16"};
   bool do_perf = argc > 1 && !strcmp(argv[1], "--perf");
   for (int i = 0; i < (int)(sizeof(levels) / sizeof(levels[0])); i++) {
     kvl_backend_t *be = kvl_backend_cpu_level(levels[i]);
     if (!be) { printf("skip %s (not supported by this processor)\n", levels[i]); continue; }
-    if (do_perf) { perf(be); continue; }
+    if (do_perf) { /* --perf [LEVEL...]: those levels only */
+      bool want = argc == 2;
+      for (int a = 2; a < argc; a++) want |= !strcmp(argv[a], levels[i]);
+      if (want) perf(be);
+      continue;
+    }
     int before = n_bad;
     test_matmul(be);
     test_elementwise(be);
