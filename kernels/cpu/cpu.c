@@ -421,12 +421,13 @@ static kvl_backend_t be_avx2 = {.name = "cpu-avx2", .ops = &cpu_ops, .simd = &kv
 /* AVX2 with the int8-activation decode kernels (vpmaddubsw) for 1..16 tokens; fp32 above */
 static kvl_backend_t be_avx2int8 = {.name = "cpu-avx2-int8", .ops = &cpu_ops, .simd = &kvl__simd_avx2,
                                     .qdot = kvl__qdot_avx2, .q8_act = kvl__q8_act_avx2};
-/* The same, with batches of 2 or more tokens on the tokens-in-lanes kernel; its exact twin
- * (prefill chunks; the attention sink's rows go to fp32) takes that kernel for every size, so
- * a prompt's cache does not depend on its chunking. */
+/* The same, with batches of 6 or more tokens on the tokens-in-lanes kernel (a vector holds
+ * 8 tokens; below 6 the per-token kernels cost less: test-backend-ops --perf); its exact
+ * twin (prefill chunks; the attention sink's rows go to fp32) takes that kernel for every
+ * size, so a prompt's cache does not depend on its chunking. The AVX2 default. */
 static kvl_backend_t be_avx2int8mm = {.name = "cpu-avx2-int8-mm", .ops = &cpu_ops, .simd = &kvl__simd_avx2,
                                       .qdot = kvl__qdot_avx2, .q8_act = kvl__q8_act_avx2,
-                                      .qmatmul = kvl__qmatmul_avx2, .qmatmul_min_t = 2};
+                                      .qmatmul = kvl__qmatmul_avx2, .qmatmul_min_t = 6};
 static kvl_backend_t be_avx2int8mm_exact = {.name = "cpu-avx2-int8-mm-prefill", .ops = &cpu_ops,
                                             .simd = &kvl__simd_avx2, .q8_act = kvl__q8_act_avx2,
                                             .qmatmul = kvl__qmatmul_avx2, .qmatmul_min_t = 1};
@@ -507,7 +508,7 @@ kvl_backend_t *kvl_backend_cpu(void) {
   if (!be) be = kvl_backend_cpu_level("amx");
   if (!be) be = kvl_backend_cpu_level("avx512vnni");
   if (!be) be = kvl_backend_cpu_level("avx512");
-  if (!be) be = kvl_backend_cpu_level("avx2int8");
+  if (!be) be = kvl_backend_cpu_level("avx2int8mm");
   if (!be) be = kvl_backend_cpu_level("avx2");
   if (!be) be = &be_scalar;
   chosen = be;

@@ -139,12 +139,17 @@ static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_
   for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < ng; g++) {
     __m256i s32[RB];
+#pragma GCC unroll 8
     for (int r = 0; r < RB; r++) s32[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
     for (int h = 0; h < SB / 4; h += DEPTH) {
       __m256i s16[RB];
+  #pragma GCC unroll 8
       for (int r = 0; r < RB; r++) s16[r] = _mm256_setzero_si256();
+  #pragma GCC unroll 8
       for (int i = h; i < h + DEPTH; i++) {
         const __m256i xb = _mm256_load_si256((const __m256i *)(Bj + (g * SB / 4 + i) * 32));
+    #pragma GCC unroll 8
         for (int r = 0; r < RB; r++) {
           int32_t wv;
           memcpy(&wv, A + r * K + g * SB + 4 * i, 4);
@@ -155,10 +160,12 @@ static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_
             s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wb, xb));
         }
       }
+  #pragma GCC unroll 8
       for (int r = 0; r < RB; r++) s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(s16[r], ones));
     }
     const int64_t gi = g * SB / 16; /* the group's slot of XD and CB (16-element slots) */
     const __m256 xd = _mm256_load_ps(XDj + gi * TG), cb = _mm256_load_ps(CBj + gi * TG);
+#pragma GCC unroll 8
     for (int r = 0; r < RB; r++) {
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r]), _mm256_mul_ps(_mm256_set1_ps(ws[r * ng + g]), xd), acc[r]);
       if (!Q8) acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(go[r * ng + g]), cb, acc[r]);
