@@ -34,6 +34,7 @@
 
 #include "../backend-impl.h"
 #include "kvl_error.h"
+#include "qscales_avx2.h"
 #include "qunpack_avx512.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -78,18 +79,8 @@ static inline void unpack(uint32_t type, const uint8_t *row, int64_t k0, int L, 
   switch (type) {
   case KVL_TYPE_Q4_K: {
     const uint8_t *b = row + (k0 / 256) * 144;
-    float d = kvl__h2f(b), dmin = kvl__h2f(b + 2);
     for (int j = 0; j < 4; j++) _mm512_storeu_si512(a + 64 * j, kvl__q4_k_unit(b + 16, j));
-    /* the eight 6-bit scales and mins, 32 bits at a time */
-    uint32_t u[3], sc[2], mn[2];
-    memcpy(u, b + 4, 12);
-    sc[0] = u[0] & 0x3f3f3f3f, mn[0] = u[1] & 0x3f3f3f3f;
-    sc[1] = (u[2] & 0x0f0f0f0f) | ((u[0] >> 2) & 0x30303030);
-    mn[1] = ((u[2] >> 4) & 0x0f0f0f0f) | ((u[1] >> 2) & 0x30303030);
-    __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc)));
-    __m256 g = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn)));
-    _mm256_storeu_ps(ws, _mm256_mul_ps(f, _mm256_set1_ps(d)));
-    _mm256_storeu_ps(go, _mm256_mul_ps(g, _mm256_set1_ps(dmin)));
+    kvl__q4_k_group_scales(b, ws, go);
     break;
   }
   case KVL_TYPE_Q6_K: {

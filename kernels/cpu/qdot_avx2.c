@@ -17,6 +17,7 @@
 
 #include "../backend-impl.h"
 #include "kvl_error.h"
+#include "qscales_avx2.h"
 
 static inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -190,21 +191,6 @@ static inline __attribute__((always_inline)) void dot_q5_0(const uint8_t *w, int
   for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) + tail[t];
 }
 
-/* Q4_K's eight 6-bit scales and minimums of a super-block, from its 12 packed bytes, as
- * floats in sub-block order (sub-blocks 0-3 keep their low 6 bits in bytes 0-3 / 4-7;
- * 4-7 take 4 bits from bytes 8-11 and their top 2 from the high bits of bytes 0-3 / 4-7) */
-static inline void q4_k_scales8(const uint8_t *sc, __m256 *s, __m256 *m) {
-  uint32_t a, b, c;
-  memcpy(&a, sc, 4);
-  memcpy(&b, sc + 4, 4);
-  memcpy(&c, sc + 8, 4);
-  const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, lo2 = 0x03030303u;
-  uint32_t s_lo = a & lo6, m_lo = b & lo6;
-  uint32_t s_hi = (c & lo4) | (((a >> 6) & lo2) << 4), m_hi = ((c >> 4) & lo4) | (((b >> 6) & lo2) << 4);
-  *s = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)s_hi, (int)s_lo)));
-  *m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo)));
-}
-
 static inline __attribute__((always_inline)) void dot_q4_k(const uint8_t *w, int64_t nb, const struct acts *a,
                                                           float *out, const int T) {
   __m256 acc[KVL__QDOT_MAX_T];
@@ -215,7 +201,7 @@ static inline __attribute__((always_inline)) void dot_q4_k(const uint8_t *w, int
     _mm_prefetch((const char *)w + 640, _MM_HINT_T1);
     _mm_prefetch((const char *)w + 704, _MM_HINT_T1);
     __m256 sc, mn;
-    q4_k_scales8(w + 4, &sc, &mn);
+    kvl__q4_k_scales8(w + 4, &sc, &mn);
     sc = _mm256_mul_ps(sc, _mm256_set1_ps(h2f(w)));
     mn = _mm256_mul_ps(mn, _mm256_set1_ps(h2f(w + 2)));
     const uint8_t *qs = w + 16;

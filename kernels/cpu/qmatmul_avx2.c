@@ -32,6 +32,7 @@
 
 #include "../backend-impl.h"
 #include "kvl_error.h"
+#include "qscales_avx2.h"
 
 enum { TG = 8, RB = 4, CH = 256 }; /* tokens per vector; rows per block; elements per unpacked chunk */
 
@@ -57,22 +58,12 @@ static inline void unpack(uint32_t type, const uint8_t *row, int64_t k0, int L, 
   switch (type) {
   case KVL_TYPE_Q4_K: {
     const uint8_t *b = row + (k0 / 256) * 144;
-    const float d = h2f(b), dmin = h2f(b + 2);
     for (int j = 0; j < 4; j++) { /* byte i of 32j..: element 64j+i (low nibble), 64j+32+i (high) */
       __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j));
       _mm256_storeu_si256((__m256i *)(a + 64 * j), _mm256_and_si256(raw, lo4));
       _mm256_storeu_si256((__m256i *)(a + 64 * j + 32), _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4));
     }
-    /* the eight 6-bit scales and mins, 32 bits at a time (kvl_q4_k_scale_min) */
-    uint32_t u[3], sc[2], mn[2];
-    memcpy(u, b + 4, 12);
-    sc[0] = u[0] & 0x3f3f3f3f, mn[0] = u[1] & 0x3f3f3f3f;
-    sc[1] = (u[2] & 0x0f0f0f0f) | ((u[0] >> 2) & 0x30303030);
-    mn[1] = ((u[2] >> 4) & 0x0f0f0f0f) | ((u[1] >> 2) & 0x30303030);
-    __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc)));
-    __m256 g = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn)));
-    _mm256_storeu_ps(ws, _mm256_mul_ps(f, _mm256_set1_ps(d)));
-    _mm256_storeu_ps(go, _mm256_mul_ps(g, _mm256_set1_ps(dmin)));
+    kvl__q4_k_group_scales(b, ws, go);
     break;
   }
   case KVL_TYPE_Q6_K: {
