@@ -88,17 +88,18 @@ static void partial_name(const struct kvl_cli_model *src, const struct kvl_cli_m
 
 /* The largest stored set of the same options with fewer than `want` samples: the corpus
  * hands out its windows in a fixed order, so those are the first samples of `want`. A set
- * stored by an interrupted preparation (PATH.partial) counts too; its name goes to
- * `partial` (else "") so that the run completing it removes it. */
+ * stored by an interrupted preparation (PATH.partial, of up to `want`) counts too; its name
+ * goes to `partial` (else "") so that the run completing it removes it. */
 static int load_smaller(const struct kvl_cli_model *src, const struct kvl_cli_model *dst, const char *corpus,
                         const char *split, const char *domain, const char *store_dir, int32_t want, int32_t prefix,
                         int32_t cont, int32_t topk, struct kvl_distill_sample **out, int32_t *n_out, char *partial,
                         size_t partial_len) {
   char key[1024], path[4400], err[512];
   partial[0] = 0;
-  for (int32_t n = want - 1, part = 0; n >= 1; n -= part, part = !part) { /* stat is cheap; n is a few hundred */
-    store_name(src, dst, corpus, split, domain, store_dir, n, prefix, cont, topk, key, sizeof(key), path, sizeof(path));
-    if (part) strncat(path, ".partial", sizeof(path) - strlen(path) - 1);
+  /* (want, partial), (want - 1, complete), (want - 1, partial), ...: stat is cheap, n a few hundred */
+  for (int32_t n = want, part = 1; n >= 1; n -= part, part = !part) {
+    if (part) partial_name(src, dst, corpus, split, domain, store_dir, n, prefix, cont, topk, key, sizeof(key), path, sizeof(path));
+    else store_name(src, dst, corpus, split, domain, store_dir, n, prefix, cont, topk, key, sizeof(key), path, sizeof(path));
     if (access(path, R_OK) != 0) continue;
     if (kvl_distill_samples_load(path, key, out, n_out, err, sizeof(err)) == 0 && *n_out == n) {
       fprintf(stderr, "%d samples from %s; preparing the other %d\n", n, path, want - n);
@@ -131,10 +132,12 @@ static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const c
   if (rc != KVL_ENOENT) fprintf(stderr, "%s; preparing them again\n", err);
   struct kvl_distill_sample *have = NULL;
   int32_t n_have = 0;
-  char grown_from[4400] = ""; /* a partial store this run completes (removed once it has) */
+  /* the partial store the prepared samples supersede, removed once a larger set is stored:
+   * the one this run grew from, then the last one it wrote */
+  char superseded[4400] = "";
   if (rc == KVL_ENOENT)
-    load_smaller(src, dst, corpus, split, domain, store_dir, want, prefix, cont, topk, &have, &n_have, grown_from,
-                 sizeof(grown_from));
+    load_smaller(src, dst, corpus, split, domain, store_dir, want, prefix, cont, topk, &have, &n_have, superseded,
+                 sizeof(superseded));
   struct kvl_corpus_opts co = {.split_tsv = corpus, .split = split, .domain = domain, .ctx = prefix + cont,
                                .min_tokens = prefix + cont, .max_per_file = 4,
                                .max_tokens = (int64_t)(prefix + cont) * want, .chat_every = 4, .chat_model = dst->m};
@@ -162,8 +165,8 @@ static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const c
   }
   free(have);
   double t0 = kvl_cli_now(), t_saved = t0;
-  int32_t done = reuse, partial = 0; /* partial: the size of the store this run last wrote short of n */
-  mkdir(store_dir, 0755);            /* one level: the default's parent is the model cache's */
+  int32_t done = reuse, kept = reuse; /* prepared so far; of those, stored */
+  mkdir(store_dir, 0755);             /* one level: the default's parent is the model cache's */
   for (int32_t i = reuse; i < n && rc == 0 && !g_stop; i++) {
     if (smp[i].n < prefix + cont) { /* the corpus guarantees min_tokens; never read past a sample */
       rc = kvl_errf(err, errlen, KVL_EFORMAT, "corpus sample %d of %s has %d tokens, %d needed", i, what, smp[i].n,
@@ -173,23 +176,17 @@ static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const c
     rc = kvl_distill_prepare(src->m, dst->m, smp[i].ids, prefix, cont, topk, &(*out)[i], err, errlen);
     if (rc == 0) done = i + 1;
     kvl_cli_progress(what, i + 1 - reuse, n - reuse, t0);
-    /* the prepared ones are kept every save_every seconds and on a signal, as the store of the
-     * first `done` windows, which the next run finds (load_smaller) and continues from */
-    if (rc == 0 && done < n && done > reuse && (g_stop || kvl_cli_now() - t_saved > save_every)) {
+    /* the prepared ones are kept every save_every seconds and on a signal, as the partial
+     * store of the first `done` windows, which the next run finds (load_smaller) */
+    if (rc == 0 && done < n && (g_stop || kvl_cli_now() - t_saved > save_every)) {
       char k2[1024], p2[4400], e2[512];
       partial_name(src, dst, corpus, split, domain, store_dir, done, prefix, cont, topk, k2, sizeof(k2), p2, sizeof(p2));
       if (kvl_distill_samples_save(p2, k2, *out, done, e2, sizeof(e2)) < 0) {
         fprintf(stderr, "\nkvlingo distill: %s (not stored)\n", e2);
       } else {
-        if (partial > 0) { /* this run's previous one */
-          partial_name(src, dst, corpus, split, domain, store_dir, partial, prefix, cont, topk, k2, sizeof(k2), p2,
-                       sizeof(p2));
-          remove(p2);
-        } else if (grown_from[0]) { /* the one it grew from: the new one holds it */
-          remove(grown_from);
-          grown_from[0] = 0;
-        }
-        partial = done;
+        if (superseded[0]) remove(superseded);
+        snprintf(superseded, sizeof(superseded), "%s", p2);
+        kept = done;
       }
       t_saved = kvl_cli_now();
     }
@@ -200,22 +197,16 @@ static int prepare(struct kvl_cli_model *src, struct kvl_cli_model *dst, const c
     free(*out);
     *out = NULL;
     *n_out = 0;
-    if (partial == done) fprintf(stderr, "\n%s: stopped; %d of %d samples stored; the same command continues\n", what, done, n);
+    fprintf(stderr, "\n%s: stopped; %d of %d samples stored; the same command continues\n", what, kept, n);
     return kvl_errf(err, errlen, KVL_ECANCELED, "stopped while preparing the %s samples", what);
   }
   *n_out = n;
   if (rc == 0) {
-    char k2[1024], p2[4400];
     if (kvl_distill_samples_save(path, key, *out, n, err, errlen) < 0) {
       fprintf(stderr, "kvlingo distill: %s (not stored)\n", err);
     } else {
       fprintf(stderr, "%s: stored in %s\n", what, path);
-      if (partial > 0) { /* the complete set holds the partial ones */
-        partial_name(src, dst, corpus, split, domain, store_dir, partial, prefix, cont, topk, k2, sizeof(k2), p2,
-                     sizeof(p2));
-        remove(p2);
-      }
-      if (grown_from[0]) remove(grown_from);
+      if (superseded[0]) remove(superseded); /* the complete set holds it */
     }
   }
   return rc;
@@ -330,9 +321,8 @@ int kvl_cli_distill(int argc, char **argv) {
     return 2;
   }
   char ckpt_buf[4200], log_buf[4200];
-  if (!out_path) out_path = "(none)"; /* --prepare-only */
-  if (!ckpt) { snprintf(ckpt_buf, sizeof(ckpt_buf), "%s.ckpt", out_path); ckpt = ckpt_buf; }
-  if (!log_path) { snprintf(log_buf, sizeof(log_buf), "%s.log.jsonl", out_path); log_path = log_buf; }
+  if (!ckpt && out_path) { snprintf(ckpt_buf, sizeof(ckpt_buf), "%s.ckpt", out_path); ckpt = ckpt_buf; }
+  if (!log_path && out_path) { snprintf(log_buf, sizeof(log_buf), "%s.log.jsonl", out_path); log_path = log_buf; }
   char err[1024], dir_buf[4200];
   if (!sample_dir) {
     snprintf(dir_buf, sizeof(dir_buf), "%s/.cache/kvlingo/distill", getenv("HOME") ? getenv("HOME") : ".");

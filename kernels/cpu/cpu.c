@@ -464,12 +464,9 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level) {
   if (!strcmp(level, "scalar")) return &be_scalar;
   if (!strcmp(level, "avx2"))
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &be_avx2 : NULL;
-  if (!strcmp(level, "avx2int8"))
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()
-               ? &be_avx2int8
-               : NULL;
-  if (!strcmp(level, "avx2int8mm"))
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c() ? &be_avx2int8mm : NULL;
+  const bool avx2i8 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+  if (!strcmp(level, "avx2int8")) return avx2i8 ? &be_avx2int8 : NULL;
+  if (!strcmp(level, "avx2int8mm")) return avx2i8 ? &be_avx2int8mm : NULL;
   bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl");
   if (!strcmp(level, "avx512")) return avx512 ? &be_avx512 : NULL;

@@ -34,7 +34,7 @@
 
 #include "../backend-impl.h"
 #include "kvl_error.h"
-#include "qscales_avx2.h"
+#include "qunpack_avx2.h"
 #include "qunpack_avx512.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023

@@ -17,7 +17,7 @@
 
 #include "../backend-impl.h"
 #include "kvl_error.h"
-#include "qscales_avx2.h"
+#include "qunpack_avx2.h"
 
 static inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -140,25 +140,6 @@ static inline __attribute__((always_inline)) void dot_q8_0(const uint8_t *w, int
   for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) + tail[t];
 }
 
-/* Q5_0's 32 fifth bits (bit j of qh for element j) as bytes 0x10 or 0 */
-static inline __m256i q5_high_bits(uint32_t qh) {
-  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
-                                          3, 3, 3, 3, 3, 3);
-  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
-  v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-  return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
-}
-
-/* one Q5_0 block's 32 unsigned codes (0..31) */
-static inline __m256i q5_0_codes(const uint8_t *w) {
-  uint32_t qh;
-  memcpy(&qh, w + 2, 4);
-  __m128i qs = _mm_loadu_si128((const __m128i *)(w + 6));
-  __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(0x0f));
-  return _mm256_or_si256(u, q5_high_bits(qh));
-}
-
 static inline __attribute__((always_inline)) void dot_q5_0(const uint8_t *w, int64_t nb, const struct acts *a,
                                                           float *out, const int T) {
   __m256 acc[KVL__QDOT_MAX_T];
@@ -170,7 +151,7 @@ static inline __attribute__((always_inline)) void dot_q5_0(const uint8_t *w, int
     _mm_prefetch((const char *)w + 768, _MM_HINT_T0);
     _mm_prefetch((const char *)w + 832, _MM_HINT_T0);
     __m256i u[8];
-    for (int i = 0; i < 8; i++) u[i] = q5_0_codes(w + 22 * i);
+    for (int i = 0; i < 8; i++) u[i] = kvl__q5_0_codes(w + 22 * i);
     const __m256 wd = scales8(w, 22);
     for (int t = 0; t < T; t++) {
       const int8_t *x = QA(a, t) + 32 * b;
@@ -182,7 +163,7 @@ static inline __attribute__((always_inline)) void dot_q5_0(const uint8_t *w, int
     }
   }
   for (; b < nb; b++, w += 22) {
-    __m256i u = q5_0_codes(w);
+    __m256i u = kvl__q5_0_codes(w);
     for (int t = 0; t < T; t++) {
       int32_t dot = hsum8_i32(dot32(u, QA(a, t) + 32 * b)) - 16 * (SA(a, t)[2 * b] + SA(a, t)[2 * b + 1]);
       tail[t] += (float)dot * (h2f(w) * DA(a, t)[b]);
@@ -227,23 +208,13 @@ static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *w, int
                                                           float *out, const int T) {
   __m256 acc[KVL__QDOT_MAX_T];
   for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
-  const __m256i lo4 = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
   for (int64_t b = 0; b < nb; b++, w += 210) {
     for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 630 + o, _MM_HINT_T1); /* 3 blocks ahead */
     const __m256 d = _mm256_set1_ps(h2f(w + 208));
     const int8_t *sc = (const int8_t *)(w + 192);
-    /* element 128n + 32k + l (l < 32) of unit 4n + k: a nibble of ql and two bits of qh[l] */
-    __m256i u[8];
-    for (int n = 0; n < 2; n++) {
-      const uint8_t *ql = w + 64 * n, *qh = w + 128 + 32 * n;
-      __m256i la = _mm256_loadu_si256((const __m256i *)ql), lb = _mm256_loadu_si256((const __m256i *)(ql + 32));
-      __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-      u[4 * n] = _mm256_or_si256(_mm256_and_si256(la, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 4), hi2));
-      u[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(lb, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 2), hi2));
-      u[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), lo4), _mm256_and_si256(h, hi2));
-      u[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), lo4),
-                                     _mm256_and_si256(_mm256_srli_epi16(h, 2), hi2));
-    }
+    __m256i u[8]; /* unit 4n + k: elements 128n + 32k .. +31 */
+    kvl__q6_k_half32(w, 0, u);
+    kvl__q6_k_half32(w, 1, u + 4);
     /* the 16 group scales: unit i's elements 0-15 take sc[2i], 16-31 sc[2i+1] (int16 lanes
      * 0-7 and 8-15 of its pair sums) */
     __m256i gs[8];

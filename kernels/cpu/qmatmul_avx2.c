@@ -32,7 +32,7 @@
 
 #include "../backend-impl.h"
 #include "kvl_error.h"
-#include "qscales_avx2.h"
+#include "qunpack_avx2.h"
 
 enum { TG = 8, RB = 4, CH = 256 }; /* tokens per vector; rows per block; elements per unpacked chunk */
 
@@ -40,15 +40,6 @@ static inline float h2f(const uint8_t *p) {
   uint16_t h;
   memcpy(&h, p, 2);
   return _cvtsh_ss(h);
-}
-
-/* Q5_0's 32 fifth bits (qh, element i at bit i) as 0x10 in byte i */
-static inline __m256i q5_bits(uint32_t qh) {
-  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3,
-                                        3, 3, 3, 3, 3);
-  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-  __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick);
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit), _mm256_set1_epi8(0x10));
 }
 
 /* One chunk (elements k0..k0+L) of one weight row: codes into a (L bytes), the group
@@ -69,22 +60,10 @@ static inline void unpack(uint32_t type, const uint8_t *row, int64_t k0, int L, 
   case KVL_TYPE_Q6_K: {
     const uint8_t *b = row + (k0 / 256) * 210;
     const float d = h2f(b + 208);
-    const __m256i hi2 = _mm256_set1_epi8(0x30);
-    /* element 128n + 32q + l: a nibble of ql (byte l + 32(q&1), high nibble for q >= 2) and
-     * bits 2q, 2q+1 of qh[l] */
     for (int n = 0; n < 2; n++) {
-      const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
-      __m256i la = _mm256_loadu_si256((const __m256i *)ql), lb = _mm256_loadu_si256((const __m256i *)(ql + 32));
-      __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-      uint8_t *o = a + 128 * n;
-      _mm256_storeu_si256((__m256i *)o,
-                          _mm256_or_si256(_mm256_and_si256(la, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 4), hi2)));
-      _mm256_storeu_si256((__m256i *)(o + 32),
-                          _mm256_or_si256(_mm256_and_si256(lb, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 2), hi2)));
-      _mm256_storeu_si256((__m256i *)(o + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), lo4),
-                                                               _mm256_and_si256(h, hi2)));
-      _mm256_storeu_si256((__m256i *)(o + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), lo4),
-                                                               _mm256_and_si256(_mm256_srli_epi16(h, 2), hi2)));
+      __m256i u[4];
+      kvl__q6_k_half32(b, n, u);
+      for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i *)(a + 128 * n + 32 * k), u[k]);
     }
     const int8_t *sc = (const int8_t *)(b + 192);
     for (int h = 0; h < 2; h++) {
@@ -107,12 +86,7 @@ static inline void unpack(uint32_t type, const uint8_t *row, int64_t k0, int L, 
     const uint8_t *b = row + (k0 / 32) * 22;
     for (int s = 0; s < L / 32; s++) {
       const uint8_t *blk = b + 22 * s;
-      uint32_t qh;
-      memcpy(&qh, blk + 2, 4);
-      __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6));
-      __m128i lo = _mm_and_si128(qs, _mm_set1_epi8(0x0f)), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(0x0f));
-      __m256i u = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1); /* elements 0-15, 16-31 */
-      _mm256_storeu_si256((__m256i *)(a + 32 * s), _mm256_or_si256(u, q5_bits(qh)));
+      _mm256_storeu_si256((__m256i *)(a + 32 * s), kvl__q5_0_codes(blk));
       ws[s] = h2f(blk), go[s] = 16.0f * ws[s];
     }
     break;

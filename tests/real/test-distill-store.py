@@ -9,8 +9,9 @@ grows instead of starting over, and a step runs on a batch through the real targ
    a fixed order, so reuse changes nothing);
 4. --prepare-only --samples 12 on the grown store, stopped by SIGINT once it has stored a
    partial set (--save-every 0: after every sample): what was prepared stays stored, and
-   the same command then prepares only the rest; the result equals a store of 12 prepared
-   in one go (--prepare-only, no step run).
+   asking for exactly its size makes it the complete store, and --samples 12 then prepares
+   only the rest; the result equals a store of 12 prepared in one go (--prepare-only, no
+   step run).
 
 usage: test-distill-store.py KVLINGO MODELS_DIR REPO_ROOT
 """
@@ -86,10 +87,16 @@ with tempfile.TemporaryDirectory() as tmp:
     check(part and p.returncode != 0 and "stopped; " in errs and len(left) == 1 and left[0] < 12
           and os.path.exists(os.path.join(grown, name(3))) and not os.path.exists(os.path.join(grown, name(12))),
           f"SIGINT while preparing: one partial store kept ({left}), the one it grew from too")
+    if left:  # asking for exactly the partial store's size completes it without preparing any
+        r = subprocess.run(prepare_cmd(grown, left[0]), capture_output=True, text=True, timeout=600)
+        check(r.returncode == 0 and "preparing the other 0" in r.stderr
+              and os.path.exists(os.path.join(grown, name(left[0])))
+              and not os.path.exists(os.path.join(grown, name(left[0]) + ".partial")),
+              f"--samples {left[0]}: the partial store of {left[0]} becomes the complete one")
     r = subprocess.run(prepare_cmd(grown, 12), capture_output=True, text=True, timeout=600)
     check(r.returncode == 0 and left and f"{left[0]} samples from" in r.stderr
           and not [f for f in os.listdir(grown) if f.endswith(".partial")],
-          "the same command continues from the partial store, and removes it when complete")
+          "--samples 12 continues from the stored ones; no partial store is left")
     r = subprocess.run(prepare_cmd(fresh, 12), capture_output=True, text=True, timeout=600)
     check(r.returncode == 0 and "dense fp32 copy" not in r.stderr and "held-out KL" not in r.stderr,
           "--prepare-only: samples only, no dense copy, no run")

@@ -1,0 +1,70 @@
+/* qunpack_avx2.h — unpacking GGUF weight units into unsigned int8 codes and their scales
+ * in AVX2 registers: shared by the per-token int8 kernels (qdot_avx2.c), the tokens-in-lanes
+ * ones (qmatmul_avx2.c), and (the Q4_K scales) the AMX ones (qdot_amx.c). Include only from
+ * files compiled with -mavx2 -mf16c. Block layouts: kernels/ref/quant_ref.c. */
+#ifndef KVL_QUNPACK_AVX2_H
+#define KVL_QUNPACK_AVX2_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Q4_K's eight 6-bit scales and minimums of a super-block, from its 12 packed bytes, as
+ * floats in sub-block order, 32 bits at a time (kvl_q4_k_scale_min: sub-blocks 0-3 keep
+ * their low 6 bits in bytes 0-3 / 4-7; 4-7 take 4 bits from bytes 8-11 and their top 2
+ * from the high bits of bytes 0-3 / 4-7). */
+static inline void kvl__q4_k_scales8(const uint8_t *sc12, __m256 *s, __m256 *m) {
+  uint32_t u[3];
+  memcpy(u, sc12, 12);
+  const uint32_t s_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
+  const uint32_t s_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+  *s = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)s_hi, (int)s_lo)));
+  *m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo)));
+}
+
+/* A Q4_K block's (b: 144 bytes) eight group scales d*sc and offsets dmin*m, stored to
+ * ws[8] and go[8]: the per-group factors of the whole-matmul kernels. */
+static inline void kvl__q4_k_group_scales(const uint8_t *b, float *ws, float *go) {
+  uint16_t h[2];
+  memcpy(h, b, 4);
+  __m256 s, m;
+  kvl__q4_k_scales8(b + 4, &s, &m);
+  _mm256_storeu_ps(ws, _mm256_mul_ps(s, _mm256_set1_ps(_cvtsh_ss(h[0]))));
+  _mm256_storeu_ps(go, _mm256_mul_ps(m, _mm256_set1_ps(_cvtsh_ss(h[1]))));
+}
+
+/* Q5_0's 32 fifth bits (bit j of qh for element j) as bytes 0x10 or 0 */
+static inline __m256i kvl__q5_high_bits(uint32_t qh) {
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                          3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+  v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* one Q5_0 block's (22 bytes) 32 unsigned codes (0..31) */
+static inline __m256i kvl__q5_0_codes(const uint8_t *w) {
+  uint32_t qh;
+  memcpy(&qh, w + 2, 4);
+  __m128i qs = _mm_loadu_si128((const __m128i *)(w + 6));
+  __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(0x0f));
+  return _mm256_or_si256(u, kvl__q5_high_bits(qh));
+}
+
+/* Q6_K: half n (elements 128n..128n+127) of a block (w: 210 bytes) as four units of 32
+ * codes 0..63. Element 128n + 32k + l of unit k: a nibble of ql (byte l + 32(k & 1), the
+ * high one for k >= 2) under bits 2k, 2k+1 of qh[l]. */
+static inline void kvl__q6_k_half32(const uint8_t *w, int n, __m256i u[4]) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
+  const uint8_t *ql = w + 64 * n, *qh = w + 128 + 32 * n;
+  __m256i la = _mm256_loadu_si256((const __m256i *)ql), lb = _mm256_loadu_si256((const __m256i *)(ql + 32));
+  __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+  u[0] = _mm256_or_si256(_mm256_and_si256(la, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 4), hi2));
+  u[1] = _mm256_or_si256(_mm256_and_si256(lb, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 2), hi2));
+  u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), lo4), _mm256_and_si256(h, hi2));
+  u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), lo4), _mm256_and_si256(_mm256_srli_epi16(h, 2), hi2));
+}
+
+#endif
