@@ -268,7 +268,7 @@ static void usage(FILE *f) {
     "      --out DIR      where to write the results (default bench/results)\n"
     "  -h, --help         this text\n"
     "\n"
-    "Threads: OpenMP's (OMP_NUM_THREADS); SIMD level: KVL_CPU=scalar|avx2|avx2int8|avx2int8mm|avx512|avx512vnni|amx|avx512bf16.\n",
+    "Threads: OpenMP's (OMP_NUM_THREADS); SIMD level: KVL_CPU=scalar|avx2|avx2int8|avx2int8mm|avx512|avx512vnni|avx512vnnimm|amx|avx512bf16.\n",
     TG_PROMPT);
 }
 

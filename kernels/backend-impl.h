@@ -78,6 +78,9 @@ int kvl__qmatmul_amx(uint32_t type, const void *w, size_t row_bytes, int64_t N, 
  * block, for any number of tokens; batch-invariant like the tiles. */
 int kvl__qmatmul_avx2(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                       const float *xd, const int32_t *xs, int n_tokens, const float *bias, float *y);
+/* The same with AVX-512 VNNI (cpu/qmatmul_avx512.c): 16 tokens per vector, vpdpbusd. */
+int kvl__qmatmul_avx512vnni(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
+                            const float *xd, const int32_t *xs, int n_tokens, const float *bias, float *y);
 
 /* The tiles of the tiled attention (cpu/cpu.c): runs of consecutive positions of one
  * sequence, at most tq tokens each; tile i is tokens tile[i] .. tile[i+1]-1 (tile holds

@@ -1,9 +1,9 @@
 /* cpu.c — the CPU backend: OpenMP across rows/tokens/heads, SIMD levels chosen at run
- * time (AMX int8, AVX-512 VNNI, AVX-512F, AVX2 with or without its int8 kernels, portable
- * C), forceable with KVL_CPU=level.
+ * time (AMX int8, AVX-512 VNNI with or without its tokens-in-lanes kernel, AVX-512F, AVX2
+ * with or without its int8 kernels, portable C), forceable with KVL_CPU=level.
  *
- * A matmul takes, in this order: the whole-matmul int8 kernels (AMX tiles, or AVX2 with tokens
- * in lanes; batches from qmatmul_min_t tokens), the int8
+ * A matmul takes, in this order: the whole-matmul int8 kernels (AMX tiles, or AVX-512 VNNI
+ * or AVX2 with tokens in lanes; batches from qmatmul_min_t tokens), the int8
  * decode kernels (up to 16 tokens), bf16 GEMMs through oneDNN (the avx512bf16 level), or
  * fp32: weights dequantised a chunk of rows at a time, then the level's outer-product
  * kernel (gemm_xt, batch-invariant) or, on the portable level, gemm_tile. */
@@ -434,6 +434,17 @@ static kvl_backend_t be_avx2int8mm_exact = {.name = "cpu-avx2-int8-mm-prefill", 
 static kvl_backend_t be_avx512 = {.name = "cpu-avx512", .ops = &cpu_ops, .simd = &kvl__simd_avx512};
 #define VNNI_DECODE .q8_act = kvl__q8_act, .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni, .qdot_vec = kvl__qdot_vec_avx512vnni
 static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE};
+/* The same, with batches of 4 or more tokens on the tokens-in-lanes kernel (16 per vector,
+ * vpdpbusd; at 4 tokens it matches or beats the per-token kernels on all four formats, at
+ * 2-3 it does not: test-backend-ops --perf on a Zen 5); its exact twin takes that kernel
+ * for every size (int8 prefill).
+ * The default where AVX-512 VNNI is present and AMX is not (AMD Zen 4/5, Intel before
+ * Sapphire Rapids). */
+static kvl_backend_t be_avx512vnnimm = {.name = "cpu-avx512-vnni-mm", .ops = &cpu_ops, .simd = &kvl__simd_avx512,
+                                        VNNI_DECODE, .qmatmul = kvl__qmatmul_avx512vnni, .qmatmul_min_t = 4};
+static kvl_backend_t be_avx512vnnimm_exact = {.name = "cpu-avx512-vnni-mm-prefill", .ops = &cpu_ops,
+                                              .simd = &kvl__simd_avx512, .q8_act = kvl__q8_act,
+                                              .qmatmul = kvl__qmatmul_avx512vnni, .qmatmul_min_t = 1};
 /* AMX int8 tiles for decode batches of 4 or more tokens on the four int8 formats (the
  * VNNI kernels below that: a tile product costs the same for 1 and 16 tokens, and at 4
  * both cost the same); its exact twin (prefill chunks; the attention sink's rows go to
@@ -471,6 +482,8 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level) {
                 __builtin_cpu_supports("avx512vl");
   if (!strcmp(level, "avx512")) return avx512 ? &be_avx512 : NULL;
   if (!strcmp(level, "avx512vnni")) return avx512 && __builtin_cpu_supports("avx512vnni") ? &be_avx512vnni : NULL;
+  if (!strcmp(level, "avx512vnnimm"))
+    return avx512 && __builtin_cpu_supports("avx512vnni") && has_f16c() ? &be_avx512vnnimm : NULL;
   if (!strcmp(level, "amx")) return avx512 && __builtin_cpu_supports("avx512vnni") && kvl__amx_usable() ? &be_amx : NULL;
   if (!strcmp(level, "avx512bf16"))
     return avx512 && __builtin_cpu_supports("avx512vnni") && kvl__bf16_gemm_usable() ? &be_avx512bf16 : NULL;
@@ -482,12 +495,13 @@ kvl_backend_t *kvl_backend_exact(kvl_backend_t *be) {
   if (be == &be_amx) return &be_amx_exact;
   if (be == &be_avx2int8) return &be_avx2;
   if (be == &be_avx2int8mm) return &be_avx2int8mm_exact;
+  if (be == &be_avx512vnnimm) return &be_avx512vnnimm_exact;
   return be == &be_avx512vnni ? &be_avx512 : be;
 }
 
 kvl_backend_t *kvl_backend_fp32(kvl_backend_t *be) {
-  if (be == &be_avx512vnni || be == &be_amx || be == &be_amx_exact || be == &be_avx512bf16 ||
-      be == &be_avx512bf16_exact)
+  if (be == &be_avx512vnni || be == &be_avx512vnnimm || be == &be_avx512vnnimm_exact || be == &be_amx ||
+      be == &be_amx_exact || be == &be_avx512bf16 || be == &be_avx512bf16_exact)
     return &be_avx512;
   if (be == &be_avx2int8 || be == &be_avx2int8mm || be == &be_avx2int8mm_exact) return &be_avx2;
   return be; /* scalar, avx2, avx512, the reference, other backends: fp32 already */
@@ -503,6 +517,7 @@ kvl_backend_t *kvl_backend_cpu(void) {
     if (!be) fprintf(stderr, "kvlingo: KVL_CPU=%s is not available on this processor; choosing automatically\n", force);
   }
   if (!be) be = kvl_backend_cpu_level("amx");
+  if (!be) be = kvl_backend_cpu_level("avx512vnnimm");
   if (!be) be = kvl_backend_cpu_level("avx512vnni");
   if (!be) be = kvl_backend_cpu_level("avx512");
   if (!be) be = kvl_backend_cpu_level("avx2int8mm");

@@ -1,13 +1,16 @@
 /* qunpack_avx2.h — unpacking GGUF weight units into unsigned int8 codes and their scales
  * in AVX2 registers: shared by the per-token int8 kernels (qdot_avx2.c), the tokens-in-lanes
- * ones (qmatmul_avx2.c), and (the Q4_K scales) the AMX ones (qdot_amx.c). Include only from
+ * ones (qmatmul_avx2.c, qmatmul_avx512.c), and (the Q4_K scales) the AMX ones (qdot_amx.c). Include only from
  * files compiled with -mavx2 -mf16c. Block layouts: kernels/ref/quant_ref.c. */
 #ifndef KVL_QUNPACK_AVX2_H
 #define KVL_QUNPACK_AVX2_H
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "kvl_quant.h"
 
 /* Q4_K's eight 6-bit scales and minimums of a super-block, from its 12 packed bytes, as
  * floats in sub-block order, 32 bits at a time (kvl_q4_k_scale_min: sub-blocks 0-3 keep
@@ -65,6 +68,68 @@ static inline void kvl__q6_k_half32(const uint8_t *w, int n, __m256i u[4]) {
   u[1] = _mm256_or_si256(_mm256_and_si256(lb, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 2), hi2));
   u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), lo4), _mm256_and_si256(h, hi2));
   u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), lo4), _mm256_and_si256(_mm256_srli_epi16(h, 2), hi2));
+}
+
+static inline float kvl__h2f(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+/* One chunk (elements k0..k0+L, L <= 256) of one weight row, for the tokens-in-lanes
+ * kernels: unsigned codes into a (L bytes), the group scales and offsets into ws, go (L/SB
+ * each: SB = 16 for Q6_K, else 32). Q8_0's signed codes stay signed, unless q8_offset:
+ * then they are stored plus 128 (unsigned), with offset 128 * scale, as the other formats. */
+static inline void kvl__unpack_chunk(uint32_t type, const uint8_t *row, int64_t k0, int L, uint8_t *a, float *ws,
+                                     float *go, bool q8_offset) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0f);
+  switch (type) {
+  case KVL_TYPE_Q4_K: {
+    const uint8_t *b = row + (k0 / 256) * 144;
+    for (int j = 0; j < 4; j++) { /* byte i of 32j..: element 64j+i (low nibble), 64j+32+i (high) */
+      __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j));
+      _mm256_storeu_si256((__m256i *)(a + 64 * j), _mm256_and_si256(raw, lo4));
+      _mm256_storeu_si256((__m256i *)(a + 64 * j + 32), _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4));
+    }
+    kvl__q4_k_group_scales(b, ws, go);
+    break;
+  }
+  case KVL_TYPE_Q6_K: {
+    const uint8_t *b = row + (k0 / 256) * 210;
+    const float d = kvl__h2f(b + 208);
+    for (int n = 0; n < 2; n++) {
+      __m256i u[4];
+      kvl__q6_k_half32(b, n, u);
+      for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i *)(a + 128 * n + 32 * k), u[k]);
+    }
+    const int8_t *sc = (const int8_t *)(b + 192);
+    for (int h = 0; h < 2; h++) {
+      __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * h)))),
+                               _mm256_set1_ps(d));
+      _mm256_storeu_ps(ws + 8 * h, f);
+      _mm256_storeu_ps(go + 8 * h, _mm256_mul_ps(f, _mm256_set1_ps(32.0f)));
+    }
+    break;
+  }
+  case KVL_TYPE_Q8_0: {
+    const uint8_t *b = row + (k0 / 32) * 34;
+    for (int s = 0; s < L / 32; s++) {
+      const __m256i c = _mm256_loadu_si256((const __m256i *)(b + 34 * s + 2));
+      _mm256_storeu_si256((__m256i *)(a + 32 * s), q8_offset ? _mm256_xor_si256(c, _mm256_set1_epi8((char)0x80)) : c);
+      ws[s] = kvl__h2f(b + 34 * s), go[s] = q8_offset ? 128.0f * ws[s] : 0.0f;
+    }
+    break;
+  }
+  case KVL_TYPE_Q5_0: {
+    const uint8_t *b = row + (k0 / 32) * 22;
+    for (int s = 0; s < L / 32; s++) {
+      const uint8_t *blk = b + 22 * s;
+      _mm256_storeu_si256((__m256i *)(a + 32 * s), kvl__q5_0_codes(blk));
+      ws[s] = kvl__h2f(blk), go[s] = 16.0f * ws[s];
+    }
+    break;
+  }
+  }
 }
 
 #endif

@@ -1,6 +1,6 @@
 /* qunpack_avx512.h — unpacking GGUF weight units into unsigned int8 codes in AVX-512
  * registers: shared by the VNNI decode kernels (qdot_avx512.c) and the AMX tile kernels
- * (qdot_amx.c). Include only from files compiled with -mavx512f -mavx512bw -mf16c.
+ * (qdot_amx.c). Include only from files compiled with -mavx512f -mavx512bw -mavx2 -mf16c.
  *
  * In every format the unsigned code u of an element (0..15, 0..31 or 0..63, or q + 128
  * for Q8_0) times a scale, less an offset, is the weight: the kernels multiply u with the
@@ -13,11 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float kvl__h2f(const uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
+#include "qunpack_avx2.h" /* kvl__h2f; the AVX2 unpackers */
 
 /* Q8_0 blocks b, b+1 (34 bytes each): codes q + 128, as u8. */
 static inline __m512i kvl__q8_0_pair(const uint8_t *w) {

@@ -125,16 +125,18 @@ enum kvl_op {
 };
 
 /* The CPU backend with the best SIMD path this processor has (AMX int8 tiles for prefill
- * and batched decode with the VNNI kernels for single tokens, AVX-512 with the VNNI int8
- * decode kernels, AVX-512, AVX2 with int8 activations for prefill and batches of 6+
- * (tokens in lanes) and its per-token int8 kernels below, or plain C), or the one forced by
- * KVL_CPU=scalar|avx2|avx2int8|avx2int8mm|avx512|avx512vnni|amx|avx512bf16 (an unsupported
- * choice falls back with a warning; avx2int8: the per-token int8 kernels up to 16 tokens,
- * fp32 above and for prefill). "avx512bf16" adds bf16 prefill GEMMs (oneDNN; AMX tiles where present) on
- * repacked weights; it is chosen only when asked for. Static: never freed. */
+ * and batched decode with the VNNI kernels for single tokens; AVX-512 VNNI with int8
+ * activations for prefill and batches of 4+ (tokens in lanes) and its per-token int8
+ * kernels below; AVX2 the same way from 6 tokens; or plain C), or the one forced by
+ * KVL_CPU=scalar|avx2|avx2int8|avx2int8mm|avx512|avx512vnni|avx512vnnimm|amx|avx512bf16
+ * (an unsupported choice falls back with a warning; avx2int8 and avx512vnni: the
+ * per-token int8 kernels up to 16 tokens, fp32 above and for prefill). "avx512bf16" adds
+ * bf16 prefill GEMMs (oneDNN; AMX tiles where present) on repacked weights; it is chosen
+ * only when asked for. Static: never freed. */
 kvl_backend_t *kvl_backend_cpu(void);
 /* A CPU backend with an explicit level ("scalar", "avx2", "avx2int8", "avx2int8mm", "avx512",
- * "avx512vnni", "amx", "avx512bf16"), or NULL if this processor cannot run it. For tests and benchmarks. */
+ * "avx512vnni", "avx512vnnimm", "amx", "avx512bf16"), or NULL if this processor cannot run
+ * it. For tests and benchmarks. */
 kvl_backend_t *kvl_backend_cpu_level(const char *level);
 /* The CUDA backend (kernels/cuda/: cuBLASLt bf16 GEMMs on weights dequantised at first
  * use, own kernels for the other ops) on device KVL_CUDA_DEVICE (default 0), with a device

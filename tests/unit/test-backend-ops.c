@@ -56,8 +56,9 @@ static void test_matmul(kvl_backend_t *be) {
      * 32-element formats) */
     {20, 896, 9}, {37, 1280, 16}, {16, 2304, 2},
     /* the AVX2 tokens-in-lanes kernel: 41 tokens over 4864 are two token tiles of 24 and 17
-     * (qmatmul_avx2.c), 13 rows a partial 4-row block */
-    {13, 4864, 41},
+     * (qmatmul_avx2.c), 13 rows a partial 4-row block; for the AVX-512 one (16 tokens per
+     * vector) 41 tokens are three groups in one tile, 75 over 2304 are two tiles of 48, 27 */
+    {13, 4864, 41}, {6, 2304, 75},
   };
   for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++)
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
@@ -277,8 +278,9 @@ static void test_qdot_vec(void) {
   if (!be) { printf("  (no AVX-512 VNNI: skipped)\n"); return; }
   static const uint32_t ty[] = {KVL_TYPE_Q8_0, KVL_TYPE_Q5_0, KVL_TYPE_Q4_K, KVL_TYPE_Q6_K};
   const int64_t K = 1536, R = 37; /* the AMX kernel: two whole 16-row groups and a partial one */
-  const bool amx = kvl__amx_usable();
-  double worst = 0, worst_amx = 0;
+  const bool amx = kvl__amx_usable(), lanes2 = kvl_backend_cpu_level("avx2int8mm") != NULL,
+             lanes512 = kvl_backend_cpu_level("avx512vnnimm") != NULL;
+  double worst = 0, worst_amx = 0, worst_lanes = 0;
   for (size_t i = 0; i < 4; i++) {
     void *wd = make_weight(ty[i], R, K);
     const size_t rb = kvl_row_size(ty[i], K);
@@ -288,12 +290,14 @@ static void test_qdot_vec(void) {
       int8_t *xq = malloc((size_t)T * K);
       float *xd = malloc((size_t)T * (K / 32) * 4), *sx = malloc((size_t)T * (K / 4) * 4), *cx = malloc((size_t)T * (K / 4) * 4);
       int32_t *xs = malloc((size_t)T * (K / 16) * 4);
-      float *ya = malloc((size_t)T * R * 4);
+      float *ya = malloc((size_t)T * R * 4), *y2 = malloc((size_t)T * R * 4), *y5 = malloc((size_t)T * R * 4);
       for (int t = 0; t < T; t++) {
         kvl__q8_act(x + t * K, K, xq + t * K, xd + t * (K / 32), xs + t * (K / 16));
         kvl__q8_act_vec(xd + t * (K / 32), xs + t * (K / 16), K, sx + t * (K / 4), cx + t * (K / 4));
       }
       if (amx) CHECK_EQ_INT(kvl__qmatmul_amx(ty[i], wd, rb, R, K, xq, xd, xs, T, NULL, ya), 0);
+      if (lanes2) CHECK_EQ_INT(kvl__qmatmul_avx2(ty[i], wd, rb, R, K, xq, xd, xs, T, NULL, y2), 0);
+      if (lanes512) CHECK_EQ_INT(kvl__qmatmul_avx512vnni(ty[i], wd, rb, R, K, xq, xd, xs, T, NULL, y5), 0);
       for (int r = 0; r < R; r++) {
         const uint8_t *row = (const uint8_t *)wd + (size_t)r * rb;
         float a[KVL__QDOT_MAX_T], b[KVL__QDOT_MAX_T];
@@ -302,9 +306,12 @@ static void test_qdot_vec(void) {
         for (int t = 0; t < T; t++) {
           if (r < 3) worst = fmax(worst, fabs((double)a[t] - b[t]) / (fabs((double)a[t]) + 1.0));
           if (amx) worst_amx = fmax(worst_amx, fabs((double)a[t] - ya[(size_t)t * R + r]) / (fabs((double)a[t]) + 1.0));
+          if (lanes2) worst_lanes = fmax(worst_lanes, fabs((double)a[t] - y2[(size_t)t * R + r]) / (fabs((double)a[t]) + 1.0));
+          if (lanes512)
+            worst_lanes = fmax(worst_lanes, fabs((double)a[t] - y5[(size_t)t * R + r]) / (fabs((double)a[t]) + 1.0));
         }
       }
-      free(x); free(xq); free(xd); free(sx); free(cx); free(xs); free(ya);
+      free(x); free(xq); free(xd); free(sx); free(cx); free(xs); free(ya); free(y2); free(y5);
     }
     free(wd);
   }
@@ -339,6 +346,10 @@ static void test_qdot_vec(void) {
   CHECK(worst1 < 1e-5);
   printf("  vector-scale vs scalar-scale int8 kernels, T = 2..16, 4 formats: worst relative difference %.2e\n", worst);
   CHECK(worst < 1e-4); /* the offset terms cancel large sums: rounding shows at ~1e-5 */
+  /* the tokens-in-lanes kernels: the same integer sums, scaled in another order */
+  printf("  tokens-in-lanes kernels (%s) vs scalar-scale int8 kernels, same cases: worst relative difference %.2e\n",
+         lanes512 ? "AVX2, AVX-512 VNNI" : "AVX2", worst_lanes);
+  CHECK(worst_lanes < 1e-4);
   if (amx) {
     printf("  AMX tiles vs scalar-scale int8 kernels, same cases: worst relative difference %.2e\n", worst_amx);
     CHECK(worst_amx < 1e-4);
@@ -414,7 +425,8 @@ static void perf(kvl_backend_t *be) {
 }
 
 int main(int argc, char **argv) {
-  const char *levels[] = {"scalar", "avx2", "avx2int8", "avx2int8mm", "avx512", "avx512vnni", "amx", "avx512bf16"};
+  const char *levels[] = {"scalar",     "avx2",         "avx2int8", "avx2int8mm", "avx512",
+                          "avx512vnni", "avx512vnnimm", "amx",      "avx512bf16"};
   bool do_perf = argc > 1 && !strcmp(argv[1], "--perf");
   for (int i = 0; i < (int)(sizeof(levels) / sizeof(levels[0])); i++) {
     kvl_backend_t *be = kvl_backend_cpu_level(levels[i]);

@@ -1,0 +1,75 @@
+/* qmatmul_avx512.c — matmuls of several tokens (batched decode; prefill on the
+ * "avx512vnnimm" level's exact twin) on the four int8 GGUF formats with AVX-512 VNNI, for
+ * processors without AMX (AMD Zen 4/5, Intel before Sapphire Rapids): the AVX2 kernel's
+ * plan (qmatmul_avx2.c) with 16 tokens per vector and vpdpbusd.
+ *
+ * Per block of RB weight rows and 16 tokens: per 4 elements and row, the row's 4 unsigned
+ * codes are broadcast (vpbroadcastd) and vpdpbusd adds their products with 4 int8
+ * activations of each token straight into 32-bit sums, one per token lane: no 16-bit
+ * stage, so no depth limit and no sign trick (Q8_0's signed codes enter plus 128, with
+ * offset 128 * scale, like Q5_0's 16). Per scale group and row, as in the AVX2 kernel:
+ *
+ *   acc[t] += S[t] * ws * xd[t] - go * xd[t] * sum(xq[t])
+ *
+ * The same quantities as the other int8 kernels summed in another order: results agree
+ * to float rounding. A token's result depends on its own lane only, so a row is
+ * bit-identical however the tokens were batched: the level's exact twin takes this
+ * kernel for every size.
+ *
+ * Compiled with -mavx512f -mavx512bw -mavx512vnni (and AVX2, F16C for the unpacking);
+ * called only when the processor has them. */
+#include <immintrin.h>
+
+#include "qmatmul_lanes.h"
+
+enum { TG = 16 }; /* tokens per vector */
+
+/* The rows of a block against one group of 16 tokens: acc[r] lane t = row r . token t.
+ * SB: elements per scale group. */
+static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_t K, const float *ws, const float *go,
+                                                       int64_t ng, const int8_t *Bj, const float *XDj,
+                                                       const float *CBj, const int SB, const int RB, __m512 *acc) {
+  for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < ng; g++) {
+    __m512i s32[RB];
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; r++) s32[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int i = 0; i < SB / 4; i++) {
+      const __m512i xb = _mm512_load_si512((const void *)(Bj + (g * SB / 4 + i) * 64));
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; r++) {
+        int32_t wv;
+        memcpy(&wv, A + r * K + g * SB + 4 * i, 4);
+        s32[r] = _mm512_dpbusd_epi32(s32[r], _mm512_set1_epi32(wv), xb);
+      }
+    }
+    const int64_t gi = g * SB / 16; /* the group's slot of XD and CB (16-element slots) */
+    const __m512 xd = _mm512_load_ps(XDj + gi * TG), cb = _mm512_load_ps(CBj + gi * TG);
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; r++) {
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[r]), _mm512_mul_ps(_mm512_set1_ps(ws[r * ng + g]), xd), acc[r]);
+      acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(go[r * ng + g]), cb, acc[r]);
+    }
+  }
+}
+
+/* RB rows per block: 8 for the 32-element groups; Q6_K's 16-element groups fold twice as
+ * often, and 4 rows keep its sums and accumulators in registers (test-backend-ops --perf:
+ * 8 rows cost it 15-20 % at 64 and 256 tokens) */
+#define RUN(RB, SB)                                                                                                \
+  static void run_##RB(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,  \
+                       const int8_t *Bj, const float *XD, const float *CB, float *v) {                           \
+    (void)type;                                                                                                  \
+    __m512 acc[RB];                                                                                              \
+    block(A, K, ws, go, ng, Bj, XD, CB, SB, RB, acc);                                                            \
+    for (int r = 0; r < RB; r++) _mm512_store_ps(v + r * TG, acc[r]);                                            \
+  }
+RUN(8, 32)
+RUN(4, 16)
+
+int kvl__qmatmul_avx512vnni(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
+                            const float *xd, const int32_t *xs, int T, const float *bias, float *y) {
+  if (type == KVL_TYPE_Q6_K) return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, run_4);
+  return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_8);
+}

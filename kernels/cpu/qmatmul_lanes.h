@@ -1,0 +1,128 @@
+/* qmatmul_lanes.h — the driver of the tokens-in-lanes int8 matmuls (qmatmul_avx2.c: 8
+ * tokens per vector; qmatmul_avx512.c: 16), shared by both: the activations regrouped per
+ * TG tokens, token tiles, row blocks unpacked once per tile, each block against each token
+ * group through the file's own `run`, which writes its RB x TG results to v. Include only
+ * from those files (compiled with at least -mavx2 -mf16c). */
+#ifndef KVL_QMATMUL_LANES_H
+#define KVL_QMATMUL_LANES_H
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../backend-impl.h"
+#include "kvl_error.h"
+#include "qunpack_avx2.h"
+
+/* A block of RB unpacked rows (A: RB x K codes; ws, go: RB x ng group factors) against one
+ * group of TG tokens (Bj: K/4 rows of TG x 4 activation bytes; XD, CB: per 16-element slot
+ * and token, the activation scale and scale x code sum), results to v[r * TG + t]. */
+/* The processor's L2 per core in bytes (512 KiB where the system does not say). */
+static inline int64_t kvl__l2_bytes(void) {
+  const long v = sysconf(_SC_LEVEL2_CACHE_SIZE); /* glibc: from CPUID data it keeps */
+  return v >= 65536 ? v : 524288;
+}
+
+enum { KVL__LANES_MAX = 128 }; /* RB x TG at most (AVX-512: 8 rows x 16 tokens) */
+
+typedef void kvl__lanes_fn(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,
+                           const int8_t *Bj, const float *XD, const float *CB, float *v);
+
+static inline __attribute__((always_inline)) int
+kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
+                   const float *xd, const int32_t *xs, int T, const float *bias, float *y, const int TG, const int RB,
+                   const bool q8_offset, kvl__lanes_fn *run) {
+  enum { CH = 256 }; /* elements per unpacked chunk */
+  KVL_ASSERT(RB * TG <= KVL__LANES_MAX);
+  const bool kq = type == KVL_TYPE_Q4_K || type == KVL_TYPE_Q6_K;
+  if (!kq && type != KVL_TYPE_Q8_0 && type != KVL_TYPE_Q5_0) return KVL_ENOTSUP;
+  if (T < 1 || K % 32 || (kq && K % 256)) return KVL_EINVAL;
+  const int SB = type == KVL_TYPE_Q6_K ? 16 : 32;
+  const int ntg = (T + TG - 1) / TG;                           /* groups of TG tokens */
+  const int64_t n_blocks = (N + RB - 1) / RB, ng = K / SB;       /* RB-row blocks; scale groups per row */
+  const size_t bsz = (size_t)K * TG, fsz = (size_t)(K / 16) * TG; /* per token group */
+  /* token tiles (prefill): as many groups as keep their activations within a quarter of
+   * L2, so that every row block meets a tile from cache; the tile-major order unpacks a row
+   * block once per tile (1 tile: decode batches). 128 KiB on a Zen 3 (512 KiB L2), 256 KiB
+   * on a Zen 5 (1 MiB): there the 1.5B's down projection (K = 8960) went from one token
+   * group per tile to two and pp512 from 189 to 239 tokens/s (bench/README.md) */
+  const int64_t budget = kvl__l2_bytes() / 4;
+  const int64_t tpt = budget / (int64_t)bsz > 1 ? budget / (int64_t)bsz : 1, n_tiles = (ntg + tpt - 1) / tpt;
+  int8_t *B = aligned_alloc(64, bsz * ntg);
+  float *XD = aligned_alloc(64, fsz * ntg * sizeof(float)), *CB = aligned_alloc(64, fsz * ntg * sizeof(float));
+  if (!B || !XD || !CB) {
+    free(B), free(XD), free(CB);
+    return KVL_ENOMEM;
+  }
+  int rc = 0;
+#pragma omp parallel
+  {
+    /* per token group: B row i holds elements 4i..4i+3 of its TG tokens; per 16-element
+     * slot and token the scale of its 32-block (XD) and that scale times the slot's code sum
+     * (CB; for 32-element groups both halves, in the even slot) */
+#pragma omp for schedule(static)
+    for (int j = 0; j < ntg; j++) {
+      const int t0 = TG * j, tn = T - t0 < TG ? T - t0 : TG;
+      int32_t *b = (int32_t *)(B + bsz * j);
+      float *xdv = XD + fsz * j, *cbv = CB + fsz * j;
+      memset(b, 0, bsz);
+      memset(xdv, 0, fsz * sizeof(float));
+      memset(cbv, 0, fsz * sizeof(float));
+      for (int t = 0; t < tn; t++) {
+        const int8_t *q = xq + (int64_t)(t0 + t) * K;
+        for (int64_t i = 0; i < K / 4; i++) memcpy(b + i * TG + t, q + 4 * i, 4);
+        for (int64_t g = 0; g < K / 16; g++) {
+          const float d = xd[(int64_t)(t0 + t) * (K / 32) + g / 2];
+          xdv[g * TG + t] = d;
+          cbv[g * TG + t] = d * (float)xs[(int64_t)(t0 + t) * (K / 16) + g];
+        }
+      }
+      if (SB == 32)
+        for (int64_t g = 0; g < K / 16; g += 2)
+          for (int t = 0; t < TG; t++) cbv[g * TG + t] += cbv[(g + 1) * TG + t];
+    }
+    /* a block's rows unpacked whole (codes, group scales and offsets); rows past N zero */
+    uint8_t *A = calloc((size_t)RB * (size_t)K, 1);
+    float *ws = calloc((size_t)RB * (size_t)ng, sizeof(float)), *go = calloc((size_t)RB * (size_t)ng, sizeof(float));
+    if (!A || !ws || !go) {
+#pragma omp atomic write
+      rc = KVL_ENOMEM;
+    }
+#pragma omp barrier
+    int64_t have = -1; /* the row block A holds */
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t it = 0; it < n_tiles * n_blocks; it++) {
+      if (rc) continue;
+      const int64_t bi = it % n_blocks, tile = it / n_blocks, r0 = bi * RB;
+      const int nr = (int)(N - r0 < RB ? N - r0 : RB);
+      for (int r = 0; r < nr && have != bi; r++) {
+        const uint8_t *row = (const uint8_t *)w + (size_t)(r0 + r) * row_bytes;
+        for (int64_t k0 = 0; k0 < K; k0 += CH) {
+          const int L = (int)(K - k0 < CH ? K - k0 : CH);
+          kvl__unpack_chunk(type, row, k0, L, A + (size_t)r * K + k0, ws + r * ng + k0 / SB, go + r * ng + k0 / SB, q8_offset);
+        }
+      }
+      have = bi;
+      const int j_end = (int)((tile + 1) * tpt < ntg ? (tile + 1) * tpt : ntg);
+      for (int j = (int)(tile * tpt); j < j_end; j++) {
+        const int8_t *Bj = B + bsz * j;
+        const float *xdv = XD + fsz * j, *cbv = CB + fsz * j;
+        float v[KVL__LANES_MAX] __attribute__((aligned(64))); /* RB x TG results */
+        run(type, A, K, ws, go, ng, Bj, xdv, cbv, v);
+        const int t0 = TG * j, tn = T - t0 < TG ? T - t0 : TG;
+        for (int t = 0; t < tn; t++)
+          for (int r = 0; r < nr; r++) y[(int64_t)(t0 + t) * N + r0 + r] = v[r * TG + t] + (bias ? bias[r0 + r] : 0.0f);
+      }
+    }
+    free(A);
+    free(ws);
+    free(go);
+  }
+  free(B);
+  free(XD);
+  free(CB);
+  return rc;
+}
+
+#endif
