@@ -47,6 +47,7 @@ void kvl__swiglu_scalar(const float *g, const float *u, float *y, int64_t n);
  * weight unit once for all of them. KVL_ENOTSUP for formats it does not cover. */
 #define KVL__QDOT_MAX_T 16
 #define KVL__QDOT_USE_T 16 /* the matmul takes the int8 path up to this many tokens (cpu.c) */
+#define KVL__QDOT1_MAX_T 6 /* up to this many tokens, the single-token kernel once per token (cpu.c) */
 void kvl__q8_act(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
 int kvl__qdot_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd,
                          const int32_t *xs, int n_tokens, float *out);

@@ -3,18 +3,22 @@
  * from bf16) once for a tile of query rows instead of once per query row.
  *
  * A tile is up to TQ consecutive tokens of one sequence (a prefill chunk; a decode token
- * is a tile of one) times the `group` query heads that share one KV head: R rows. For
- * every block of KVL_KV_BLOCK (16) keys the tile reads, and for every row that sees at
- * least one of them (causal: key position <= the row's position):
+ * is a tile of one) times the `group` query heads that share one KV head: R rows. The
+ * keys go in steps of SB blocks of KVL_KV_BLOCK (16), 64 keys, at positions that are
+ * multiples of 64; for every step and every row that sees at least one of its keys
+ * (causal: key position <= the row's position):
  *
- *   scores   16 partial-sum vectors, one per key (d/16 FMAs each), summed across lanes
- *            in one transpose-and-add tree (hsum16): a vector of the block's 16 scores;
- *   softmax  online, per row: the running max m, the running sum l, and the rescale of
- *            the output accumulator by exp(m_old - m_new), with a vector exp (kvl__exp512);
+ *   scores   per block, 16 partial-sum vectors, one per key (d/16 FMAs each), summed
+ *            across lanes in one transpose-and-add tree (hsum16): the block's 16 scores;
+ *   softmax  online, per row and step: the running max m, the running sum l, and the
+ *            rescale of the output accumulator by exp(m_old - m_new), with a vector exp
+ *            (kvl__exp512); once per 64 keys, not per 16 (pp2048 on the 0.5B, whose
+ *            heads are 64 wide: 381 -> see bench/README.md);
  *   values   acc += p_j * v_j over the visible keys, d/16 FMAs per key.
  *
  * Every row's arithmetic is the same whatever else is in its tile (masked keys add exact
- * zeros), so a token's output does not depend on how its prompt was chunked. Compiled
+ * zeros, and the steps are fixed by position), so a token's output does not depend on how
+ * its prompt was chunked. Compiled
  * with -mavx512f -mavx512bw -mavx512vl; called only when the processor has them. */
 #include <immintrin.h>
 #include <math.h>
@@ -25,7 +29,7 @@
 #include "kvl_error.h"
 #include "vmath_avx512.h"
 
-enum { TQ = 16 }; /* tokens per tile */
+enum { TQ = 16, SB = 4 }; /* tokens per tile; KV blocks per softmax step */
 
 /* lane j of the result = the sum of the 16 lanes of v[j]: halve the vectors four times,
  * each time adding the two halves of a pair side by side (128-bit chunks, then within
@@ -62,13 +66,19 @@ static inline __m512 scores16(const float *q, const float *kb, int d) {
  * accumulators in registers when the width is one of the specialised ones */
 static inline __attribute__((always_inline)) void pv_n(float *acc, float corr, const float *p, const float *vb, int nv,
                                                       const int ND) {
+  /* unrolled, so that a[] lives in registers: without it GCC kept it on the stack, and
+   * every key paid a store-to-load round trip per 16 lanes (perf annotate: half of the
+   * attention's time; pp2048 on the 0.5B, bench/README.md) */
   __m512 a[16];
   const __m512 cr = _mm512_set1_ps(corr);
+#pragma GCC unroll 16
   for (int c = 0; c < ND; c++) a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), cr);
   for (int j = 0; j < nv; j++) {
     const __m512 pj = _mm512_set1_ps(p[j]);
+#pragma GCC unroll 16
     for (int c = 0; c < ND; c++) a[c] = _mm512_fmadd_ps(pj, _mm512_load_ps(vb + j * 16 * ND + 16 * c), a[c]);
   }
+#pragma GCC unroll 16
   for (int c = 0; c < ND; c++) _mm512_storeu_ps(acc + 16 * c, a[c]);
 }
 
@@ -119,8 +129,8 @@ void kvl__attention_avx512(const struct kvl_attn_args *a) {
   const int n_items = n_tiles * l->n_kv_head;
 #pragma omp parallel
   {
-    float *kb = aligned_alloc(64, (size_t)KVL_KV_BLOCK * d * sizeof(float));
-    float *vb = aligned_alloc(64, (size_t)KVL_KV_BLOCK * d * sizeof(float));
+    float *kb = aligned_alloc(64, (size_t)SB * KVL_KV_BLOCK * d * sizeof(float));
+    float *vb = aligned_alloc(64, (size_t)SB * KVL_KV_BLOCK * d * sizeof(float));
     float *acc = malloc((size_t)TQ * group * d * sizeof(float));
     float *m = malloc((size_t)TQ * group * sizeof(float)), *lsum = malloc((size_t)TQ * group * sizeof(float));
     KVL_ASSERT(kb && vb && acc && m && lsum);
@@ -133,24 +143,40 @@ void kvl__attention_avx512(const struct kvl_attn_args *a) {
       const int last = a->pos[t0 + tn - 1];
       for (int i = 0; i < R; i++) m[i] = -INFINITY, lsum[i] = 0;
       memset(acc, 0, (size_t)R * d * sizeof(float));
-      for (int j0 = 0; j0 <= last; j0 += KVL_KV_BLOCK) {
-        const int nj = last + 1 - j0 < KVL_KV_BLOCK ? last + 1 - j0 : KVL_KV_BLOCK;
-        widen(l, kvl_kv_k_ptr(l, (void *)a->kv_base, bt[j0 / KVL_KV_BLOCK], a->layer), kh, nj, kb);
-        widen(l, kvl_kv_v_ptr(l, (void *)a->kv_base, bt[j0 / KVL_KV_BLOCK], a->layer), kh, nj, vb);
-        memset(kb + (size_t)nj * d, 0, (size_t)(KVL_KV_BLOCK - nj) * d * sizeof(float));
+      for (int j0 = 0; j0 <= last; j0 += SB * KVL_KV_BLOCK) {
+        const int nk = last + 1 - j0 < SB * KVL_KV_BLOCK ? last + 1 - j0 : SB * KVL_KV_BLOCK; /* keys in this step */
+        for (int b = 0; b * KVL_KV_BLOCK < nk; b++) {
+          const int jb = j0 + b * KVL_KV_BLOCK, nj = nk - b * KVL_KV_BLOCK < KVL_KV_BLOCK ? nk - b * KVL_KV_BLOCK : KVL_KV_BLOCK;
+          float *kbb = kb + (size_t)b * KVL_KV_BLOCK * d, *vbb = vb + (size_t)b * KVL_KV_BLOCK * d;
+          widen(l, kvl_kv_k_ptr(l, (void *)a->kv_base, bt[jb / KVL_KV_BLOCK], a->layer), kh, nj, kbb);
+          widen(l, kvl_kv_v_ptr(l, (void *)a->kv_base, bt[jb / KVL_KV_BLOCK], a->layer), kh, nj, vbb);
+          memset(kbb + (size_t)nj * d, 0, (size_t)(KVL_KV_BLOCK - nj) * d * sizeof(float));
+        }
         for (int i = 0; i < R; i++) {
           const int t = t0 + i / group, h = kh * group + i % group;
-          const int nv = a->pos[t] + 1 - j0 < nj ? a->pos[t] + 1 - j0 : nj; /* keys this row sees */
+          const int nv = a->pos[t] + 1 - j0 < nk ? a->pos[t] + 1 - j0 : nk; /* keys this row sees */
           if (nv <= 0) continue;
-          const __mmask16 vis = (__mmask16)(0xffffu >> (16 - nv));
-          __m512 s = _mm512_mul_ps(scores16(a->q + ((size_t)t * a->n_head + h) * d, kb, d), _mm512_set1_ps(a->scale));
-          s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), vis, s);
-          const float bm = _mm512_reduce_max_ps(s), nm = bm > m[i] ? bm : m[i];
+          const float *q = a->q + ((size_t)t * a->n_head + h) * d;
+          __m512 sc[SB], mx = _mm512_set1_ps(-INFINITY);
+          __mmask16 vis[SB];
+          const int nb = (nv + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK;
+          for (int b = 0; b < nb; b++) {
+            const int left = nv - b * KVL_KV_BLOCK;
+            vis[b] = left >= 16 ? (__mmask16)0xffffu : (__mmask16)(0xffffu >> (16 - left));
+            sc[b] = _mm512_mul_ps(scores16(q, kb + (size_t)b * KVL_KV_BLOCK * d, d), _mm512_set1_ps(a->scale));
+            sc[b] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), vis[b], sc[b]);
+            mx = _mm512_max_ps(mx, sc[b]);
+          }
+          const float bm = _mm512_reduce_max_ps(mx), nm = bm > m[i] ? bm : m[i];
           const float corr = expf(m[i] - nm); /* exp(-inf) = 0 on the first block */
-          __m512 p = _mm512_maskz_mov_ps(vis, kvl__exp512(_mm512_sub_ps(s, _mm512_set1_ps(nm))));
-          lsum[i] = lsum[i] * corr + _mm512_reduce_add_ps(p);
-          float pj[16] __attribute__((aligned(64)));
-          _mm512_store_ps(pj, p);
+          float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
+          __m512 ps = _mm512_setzero_ps();
+          for (int b = 0; b < nb; b++) {
+            const __m512 p = _mm512_maskz_mov_ps(vis[b], kvl__exp512(_mm512_sub_ps(sc[b], _mm512_set1_ps(nm))));
+            ps = _mm512_add_ps(ps, p);
+            _mm512_store_ps(pj + b * KVL_KV_BLOCK, p);
+          }
+          lsum[i] = lsum[i] * corr + _mm512_reduce_add_ps(ps);
           pv(acc + (size_t)i * d, corr, pj, vb, nv, d);
           m[i] = nm;
         }

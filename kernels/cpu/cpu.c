@@ -81,16 +81,20 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
   float *xd;
   int32_t *xs;
   q8_acts(be, x, K, n_tokens, &xq, &xd, &xs);
-  /* one token: its codes also in the order the format's kernel reads them (kvl__qdot1_*) */
+  /* up to KVL__QDOT1_MAX_T tokens: each token's codes also in the order the format's
+   * single-token kernel reads them (kvl__qdot1_*), and that kernel once per token on a row
+   * while it is in L1. On a Zen 5 two tokens cost 0.37 ms through the several-token kernel
+   * and two single-token passes 0.2 (Q4_K, 4864 x 1536; test-backend-ops --perf); the 1.5B's
+   * decode step with 2 / 3 streams went from 84 / 93 ms to 47 / 64 (bench-gen-throughput) */
   int8_t *xp = NULL;
-  if (n_tokens == 1 && be->qdot1) {
-    xp = malloc((size_t)K);
+  if (n_tokens <= KVL__QDOT1_MAX_T && be->qdot1) {
+    xp = malloc((size_t)n_tokens * (size_t)K);
     KVL_ASSERT(xp);
-    kvl__q8_order(w->type, xq, K, xp);
+    for (int t = 0; t < n_tokens; t++) kvl__q8_order(w->type, xq + (int64_t)t * K, K, xp + (int64_t)t * K);
   }
   /* several tokens: the per-token scales as vectors, prepared once (kvl__qdot_vec_*) */
   float *sx = NULL, *cx = NULL;
-  if (n_tokens >= 2 && be->qdot_vec && K % 64 == 0 && vec_decode_enabled()) {
+  if (!xp && n_tokens >= 2 && be->qdot_vec && K % 64 == 0 && vec_decode_enabled()) {
     sx = malloc((size_t)n_tokens * (size_t)(K / 4) * sizeof(float));
     cx = malloc((size_t)n_tokens * (size_t)(K / 4) * sizeof(float));
     KVL_ASSERT(sx && cx);
@@ -102,7 +106,10 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
   for (int64_t r = 0; r < N; r++) {
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
     float v[KVL__QDOT_MAX_T];
-    if (xp) be->qdot1(w->type, row, K, xq, xp, xd, xs, v);
+    if (xp)
+      for (int t = 0; t < n_tokens; t++)
+        be->qdot1(w->type, row, K, xq + (int64_t)t * K, xp + (int64_t)t * K, xd + (int64_t)t * (K / 32),
+                  xs + (int64_t)t * (K / 16), v + t);
     else if (sx) be->qdot_vec(w->type, row, K, xq, sx, cx, n_tokens, v);
     else be->qdot(w->type, row, K, xq, xd, xs, n_tokens, v);
     for (int t = 0; t < n_tokens; t++) y[(int64_t)t * N + r] = v[t] + (w->bias ? w->bias[r] : 0.0f);
@@ -434,14 +441,16 @@ static kvl_backend_t be_avx2int8mm_exact = {.name = "cpu-avx2-int8-mm-prefill", 
 static kvl_backend_t be_avx512 = {.name = "cpu-avx512", .ops = &cpu_ops, .simd = &kvl__simd_avx512};
 #define VNNI_DECODE .q8_act = kvl__q8_act, .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni, .qdot_vec = kvl__qdot_vec_avx512vnni
 static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE};
-/* The same, with batches of 4 or more tokens on the tokens-in-lanes kernel (16 per vector,
- * vpdpbusd; at 4 tokens it matches or beats the per-token kernels on all four formats, at
- * 2-3 it does not: test-backend-ops --perf on a Zen 5); its exact twin takes that kernel
- * for every size (int8 prefill).
+/* The same, with batches of 7 or more tokens on the tokens-in-lanes kernel (16 per vector,
+ * vpdpbusd: it costs about the same for 4 tokens as for 16); up to 6 the single-token
+ * kernel runs once per token (qdot_matmul). On a Zen 5, the 1.5B's decode step (ITL p50,
+ * bench-gen-throughput -n 64) with the lanes kernel from 4 tokens: 4 streams 134 ms, 8
+ * streams 131; with the single-token kernel per token: 4 streams 84, 6 115, 8 154. Its
+ * exact twin takes the lanes kernel for every size (int8 prefill).
  * The default where AVX-512 VNNI is present and AMX is not (AMD Zen 4/5, Intel before
  * Sapphire Rapids). */
 static kvl_backend_t be_avx512vnnimm = {.name = "cpu-avx512-vnni-mm", .ops = &cpu_ops, .simd = &kvl__simd_avx512,
-                                        VNNI_DECODE, .qmatmul = kvl__qmatmul_avx512vnni, .qmatmul_min_t = 4};
+                                        VNNI_DECODE, .qmatmul = kvl__qmatmul_avx512vnni, .qmatmul_min_t = 7};
 static kvl_backend_t be_avx512vnnimm_exact = {.name = "cpu-avx512-vnni-mm-prefill", .ops = &cpu_ops,
                                               .simd = &kvl__simd_avx512, .q8_act = kvl__q8_act,
                                               .qmatmul = kvl__qmatmul_avx512vnni, .qmatmul_min_t = 1};

@@ -126,7 +126,7 @@ enum kvl_op {
 
 /* The CPU backend with the best SIMD path this processor has (AMX int8 tiles for prefill
  * and batched decode with the VNNI kernels for single tokens; AVX-512 VNNI with int8
- * activations for prefill and batches of 4+ (tokens in lanes) and its per-token int8
+ * activations for prefill and batches of 7+ (tokens in lanes) and its per-token int8
  * kernels below; AVX2 the same way from 6 tokens; or plain C), or the one forced by
  * KVL_CPU=scalar|avx2|avx2int8|avx2int8mm|avx512|avx512vnni|avx512vnnimm|amx|avx512bf16
  * (an unsupported choice falls back with a warning; avx2int8 and avx512vnni: the
