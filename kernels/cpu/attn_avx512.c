@@ -4,22 +4,21 @@
  *
  * A tile is up to TQ consecutive tokens of one sequence (a prefill chunk; a decode token
  * is a tile of one) times the `group` query heads that share one KV head: R rows. The
- * keys go in steps of SB blocks of KVL_KV_BLOCK (16), 64 keys, at positions that are
- * multiples of 64; for every step and every row that sees at least one of its keys
- * (causal: key position <= the row's position):
+ * keys go in steps of sb blocks of KVL_KV_BLOCK (16) keys (sb = 4 for heads of 64, else
+ * 1), at positions that are multiples of the step; for every step and every row that
+ * sees at least one of its keys (causal: key position <= the row's position):
  *
  *   scores   per block, 16 partial-sum vectors, one per key (d/16 FMAs each), summed
  *            across lanes in one transpose-and-add tree (hsum16): the block's 16 scores;
  *   softmax  online, per row and step: the running max m, the running sum l, and the
  *            rescale of the output accumulator by exp(m_old - m_new), with a vector exp
- *            (kvl__exp512); once per 64 keys, not per 16 (pp2048 on the 0.5B, whose
- *            heads are 64 wide: 381 -> see bench/README.md);
+ *            (kvl__exp512): once per step;
  *   values   acc += p_j * v_j over the visible keys, d/16 FMAs per key.
  *
  * Every row's arithmetic is the same whatever else is in its tile (masked keys add exact
  * zeros, and the steps are fixed by position), so a token's output does not depend on how
- * its prompt was chunked. Compiled
- * with -mavx512f -mavx512bw -mavx512vl; called only when the processor has them. */
+ * its prompt was chunked. Compiled with -mavx512f -mavx512bw -mavx512vl; called only when
+ * the processor has them. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -29,7 +28,7 @@
 #include "kvl_error.h"
 #include "vmath_avx512.h"
 
-enum { TQ = 16, SB = 4 }; /* tokens per tile; KV blocks per softmax step */
+enum { TQ = 16, SB = 4 }; /* tokens per tile; KV blocks per softmax step, at most */
 
 /* lane j of the result = the sum of the 16 lanes of v[j]: halve the vectors four times,
  * each time adding the two halves of a pair side by side (128-bit chunks, then within
@@ -127,6 +126,9 @@ void kvl__attention_avx512(const struct kvl_attn_args *a) {
   KVL_ASSERT(tile);
   const int n_tiles = kvl__attn_tiles(a, TQ, tile);
   const int n_items = n_tiles * l->n_kv_head;
+  /* KV blocks per softmax step: 4 for heads of 64 (0.5B pp2048 +6 %), 1 for wider ones
+   * (1.5B, heads of 128: pp512 -4 % with 4; back-to-back runs on a Zen 5) */
+  const int sb = d <= 64 ? SB : 1;
 #pragma omp parallel
   {
     float *kb = aligned_alloc(64, (size_t)SB * KVL_KV_BLOCK * d * sizeof(float));
@@ -143,8 +145,8 @@ void kvl__attention_avx512(const struct kvl_attn_args *a) {
       const int last = a->pos[t0 + tn - 1];
       for (int i = 0; i < R; i++) m[i] = -INFINITY, lsum[i] = 0;
       memset(acc, 0, (size_t)R * d * sizeof(float));
-      for (int j0 = 0; j0 <= last; j0 += SB * KVL_KV_BLOCK) {
-        const int nk = last + 1 - j0 < SB * KVL_KV_BLOCK ? last + 1 - j0 : SB * KVL_KV_BLOCK; /* keys in this step */
+      for (int j0 = 0; j0 <= last; j0 += sb * KVL_KV_BLOCK) {
+        const int nk = last + 1 - j0 < sb * KVL_KV_BLOCK ? last + 1 - j0 : sb * KVL_KV_BLOCK; /* keys in this step */
         for (int b = 0; b * KVL_KV_BLOCK < nk; b++) {
           const int jb = j0 + b * KVL_KV_BLOCK, nj = nk - b * KVL_KV_BLOCK < KVL_KV_BLOCK ? nk - b * KVL_KV_BLOCK : KVL_KV_BLOCK;
           float *kbb = kb + (size_t)b * KVL_KV_BLOCK * d, *vbb = vb + (size_t)b * KVL_KV_BLOCK * d;
