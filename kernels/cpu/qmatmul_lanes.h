@@ -15,9 +15,6 @@
 #include "kvl_error.h"
 #include "qunpack_avx2.h"
 
-/* A block of RB unpacked rows (A: RB x K codes; ws, go: RB x ng group factors) against one
- * group of TG tokens (Bj: K/4 rows of TG x 4 activation bytes; XD, CB: per 16-element slot
- * and token, the activation scale and scale x code sum), results to v[r * TG + t]. */
 /* The processor's L2 per core in bytes (512 KiB where the system does not say). */
 static inline int64_t kvl__l2_bytes(void) {
   const long v = sysconf(_SC_LEVEL2_CACHE_SIZE); /* glibc: from CPUID data it keeps */
@@ -26,6 +23,9 @@ static inline int64_t kvl__l2_bytes(void) {
 
 enum { KVL__LANES_MAX = 128 }; /* RB x TG at most (AVX-512: 8 rows x 16 tokens) */
 
+/* A block of RB unpacked rows (A: RB x K codes; ws, go: RB x ng group factors) against one
+ * group of TG tokens (Bj: K/4 rows of TG x 4 activation bytes; XD, CB: per 16-element slot
+ * and token, the activation scale and scale x code sum), results to v[r * TG + t]. */
 typedef void kvl__lanes_fn(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,
                            const int8_t *Bj, const float *XD, const float *CB, float *v);
 

@@ -109,6 +109,16 @@ static void test_matmul(kvl_backend_t *be) {
         alone_is_same(be, &w, x, ye, T, true);
         free(ye);
       }
+      /* decode batches of up to KVL__QDOT1_MAX_T tokens on the single-token kernel, once
+       * per token (qdot_matmul): the first and last token as if each were alone */
+      if (be->qdot1 && int8 && !amx && T > 1 && T <= KVL__QDOT1_MAX_T) {
+        float *y1 = malloc((size_t)rows * sizeof(float));
+        for (int t = 0; t < T; t += T - 1) {
+          kvl_matmul(be, &w, x + (size_t)t * cols, y1, 1);
+          CHECK(memcmp(y1, y + (size_t)t * rows, (size_t)rows * sizeof(float)) == 0);
+        }
+        free(y1);
+      }
       kvl_wpack_release(&slot);
       CHECK(slot.impl == NULL);
       if (int8 && rows * T >= 8) worst_i8 = fmax(worst_i8, nmse(y, yr, (size_t)T * rows));
