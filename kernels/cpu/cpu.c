@@ -102,7 +102,11 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
       kvl__q8_act_vec(xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16), K, sx + (int64_t)t * (K / 4),
                       cx + (int64_t)t * (K / 4));
   }
-#pragma omp parallel for schedule(dynamic, 64)
+  /* Static: each thread reads one contiguous half of the matrix, a stream the hardware
+   * prefetcher follows; with dynamic chunks of 64 rows the threads hopped between 40 KiB
+   * pieces and decode read the 0.5B's small matrices at ~55 % of the bandwidth. On the
+   * Zen 5, tg128 went 66 -> 88 tokens/s (0.5B) and 32 -> 41 (1.5B), back to back. */
+#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < N; r++) {
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
     float v[KVL__QDOT_MAX_T];
