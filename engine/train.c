@@ -6,12 +6,12 @@
  *   logits = rmsnorm(h)·Woutᵀ
  * The same arithmetic as engine/qwen2.c (which reads quantised blocks); the backward
  * walks it in reverse and stops at the prefix K/V (the weights are frozen). */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvl_error.h"
+#include "kvl_kernels.h"
 #include "kvl_quant.h"
 #include "kvl_train.h"
 #include "model-impl.h"
@@ -19,7 +19,7 @@
 /* ---- ops ------------------------------------------------------------------------------ */
 
 void kvl_op_linear_forward(float *out, const float *inp, const float *w, const float *bias, int T, int C, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC);
+  kvl_sgemm(false, true, T, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC);
   if (bias)
     for (int t = 0; t < T; t++)
       for (int o = 0; o < OC; o++) out[(size_t)t * OC + o] += bias[o];
@@ -27,8 +27,8 @@ void kvl_op_linear_forward(float *out, const float *inp, const float *w, const f
 
 void kvl_op_linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
                             int T, int C, int OC) {
-  if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
-  if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, T, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+  if (dinp) kvl_sgemm(false, false, T, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+  if (dw) kvl_sgemm(true, false, OC, C, T, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
   if (dbias)
     for (int t = 0; t < T; t++)
       for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)t * OC + o];
@@ -78,7 +78,7 @@ void kvl_op_swiglu_backward(float *dg, float *du, const float *dout, const float
   }
 }
 
-/* Per head h (KV group g = h / (H / KVH)), as matrix products (OpenBLAS, one thread per
+/* Per head h (KV group g = h / (H / KVH)), as matrix products (kvl_sgemm, one thread per
  * head inside the parallel loop):  S = scale Q_h K_gᵀ (T x N), masked past key P + t,
  * A = softmax(S) row-wise, O_h = A V_g.  The masked probabilities are stored as 0, so the
  * products may run over all N keys. */
@@ -90,7 +90,7 @@ void kvl_op_attention_forward(float *out, float *att, const float *q, const floa
   for (int h = 0; h < H; h++) {
     const int g = h / group;
     float *a = att + (size_t)h * T * N;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, D, scale, q + (size_t)h * D, H * D, k + (size_t)g * D,
+    kvl_sgemm(false, true, T, N, D, scale, q + (size_t)h * D, H * D, k + (size_t)g * D,
                 KVH * D, 0.0f, a, N);
     for (int t = 0; t < T; t++) {
       float *r = a + (size_t)t * N;
@@ -106,7 +106,7 @@ void kvl_op_attention_forward(float *out, float *att, const float *q, const floa
       for (int j = 0; j < nk; j++) r[j] *= iz;
       for (int j = nk; j < N; j++) r[j] = 0;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, N, 1.0f, a, N, v + (size_t)g * D, KVH * D, 0.0f,
+    kvl_sgemm(false, false, T, D, N, 1.0f, a, N, v + (size_t)g * D, KVH * D, 0.0f,
                 out + (size_t)h * D, H * D);
   }
 }
@@ -127,7 +127,7 @@ void kvl_op_attention_backward(float *dq, float *dk, float *dv, const float *dou
     const int g = h / group;
     const float *a = att + (size_t)h * T * N, *doh = dout + (size_t)h * D;
     float *d = ds + (size_t)h * T * N;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, D, 1.0f, doh, H * D, v + (size_t)g * D, KVH * D, 0.0f,
+    kvl_sgemm(false, true, T, N, D, 1.0f, doh, H * D, v + (size_t)g * D, KVH * D, 0.0f,
                 d, N);
     for (int t = 0; t < T; t++) {
       const float *ar = a + (size_t)t * N;
@@ -136,11 +136,11 @@ void kvl_op_attention_backward(float *dq, float *dk, float *dv, const float *dou
       for (int j = 0; j < N; j++) sum += (double)ar[j] * dr[j];
       for (int j = 0; j < N; j++) dr[j] = ar[j] * (dr[j] - (float)sum) * scale;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, N, 1.0f, d, N, k + (size_t)g * D, KVH * D, 1.0f,
+    kvl_sgemm(false, false, T, D, N, 1.0f, d, N, k + (size_t)g * D, KVH * D, 1.0f,
                 dq + (size_t)h * D, H * D);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, D, T, 1.0f, d, N, q + (size_t)h * D, H * D, 0.0f,
+    kvl_sgemm(true, false, N, D, T, 1.0f, d, N, q + (size_t)h * D, H * D, 0.0f,
                 sk + (size_t)h * N * D, D);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, D, T, 1.0f, a, N, doh, H * D, 0.0f, sv + (size_t)h * N * D,
+    kvl_sgemm(true, false, N, D, T, 1.0f, a, N, doh, H * D, 0.0f, sv + (size_t)h * N * D,
                 D);
   }
 #pragma omp parallel for schedule(static)

@@ -1,7 +1,6 @@
 /* apply.c — translating a span of one model's KV cache into another's (DESIGN.md
  * "Translation"): load the source layers once per chunk of positions and un-rotate their
- * keys, multiply the ν layers each map reads by the map (sgemm), rotate with the target RoPE, store. And the scalar reference. */
-#include <cblas.h>
+ * keys, multiply the ν layers each map reads by the map (kvl_sgemm), rotate with the target RoPE, store. And the scalar reference. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,8 +72,7 @@ static void product(const kvl_translator_t *t, const struct kvl__tr_map *mp, con
              (size_t)ws * sizeof(float));
     if (t->affine) x[(size_t)i * rows + rows - 1] = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)t->w_dst, (int)rows, 1.0f, x, (int)rows, mp->data,
-              (int)t->w_dst, 0.0f, y, (int)t->w_dst);
+  kvl_sgemm(false, false, n, t->w_dst, rows, 1.0f, x, rows, mp->data, t->w_dst, 0.0f, y, t->w_dst);
 }
 
 int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen) {

@@ -1,5 +1,4 @@
 /* distill.c — stage-2 self-distillation of translator maps (kvl_distill.h). */
-#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +9,7 @@
 
 #include "kvl_distill.h"
 #include "kvl_error.h"
+#include "kvl_kernels.h"
 #include "kvl_fit.h"
 #include "kvl_quant.h"
 
@@ -346,7 +346,7 @@ static int run(kvl_distill_t *d, const struct kvl_distill_sample *const *s, int3
       for (int which = 0; which < 2; which++) {
         const struct pmap *p = &d->maps[2 * l + which];
         gather(d, p, which ? s[b]->src_v : s[b]->src_k, P, x);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, P, (int)p->cols, (int)p->rows, 1.0f, x, (int)p->rows,
+        kvl_sgemm(false, false, P, (int)p->cols, (int)p->rows, 1.0f, x, (int)p->rows,
                     p->w, (int)p->cols, 0.0f, which ? pv[b][l] : pk[b][l], W);
         if (!which) kvl_op_rope_forward(rope, pk[b][l], pos, P, KVH);
       }
@@ -380,7 +380,7 @@ static int run(kvl_distill_t *d, const struct kvl_distill_sample *const *s, int3
           struct pmap *p = &d->maps[2 * l + which];
           if (!which) kvl_op_rope_backward(rope, pk[b][l], pos, P, KVH);
           gather(d, p, which ? s[b]->src_v : s[b]->src_k, P, x);
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)p->rows, (int)p->cols, P, 1.0f, x, (int)p->rows,
+          kvl_sgemm(true, false, (int)p->rows, (int)p->cols, P, 1.0f, x, (int)p->rows,
                       which ? pv[b][l] : pk[b][l], W, 1.0f, p->g, (int)p->cols);
         }
     }

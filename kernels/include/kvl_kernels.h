@@ -173,6 +173,12 @@ void kvl_swiglu(kvl_backend_t *be, const float *gate, const float *up, float *y,
 void kvl_embed(kvl_backend_t *be, const struct kvl_weight *table, const int32_t *ids, float *y, int n_tokens);
 void kvl_attention(kvl_backend_t *be, const struct kvl_attn_args *a);
 
+/* C[M][N] = alpha · op(A) · op(B) + beta · C, row-major fp32, op = transpose where asked:
+ * the dense products of translation and training (cpu/sgemm.c: oneDNN, OpenBLAS as the
+ * fallback or with KVL_SGEMM=openblas). */
+void kvl_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+               const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
 /* ---- scalar references (kernels/ref/): plain C, double accumulation ---------------- */
 
 void kvl_matmul_ref(const struct kvl_weight *w, const float *x, float *y, int n_tokens);
