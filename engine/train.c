@@ -90,8 +90,7 @@ void kvl_op_attention_forward(float *out, float *att, const float *q, const floa
   for (int h = 0; h < H; h++) {
     const int g = h / group;
     float *a = att + (size_t)h * T * N;
-    kvl_sgemm(false, true, T, N, D, scale, q + (size_t)h * D, H * D, k + (size_t)g * D,
-                KVH * D, 0.0f, a, N);
+    kvl_sgemm(false, true, T, N, D, scale, q + (size_t)h * D, H * D, k + (size_t)g * D, KVH * D, 0.0f, a, N);
     for (int t = 0; t < T; t++) {
       float *r = a + (size_t)t * N;
       const int nk = P + t + 1;
@@ -106,8 +105,7 @@ void kvl_op_attention_forward(float *out, float *att, const float *q, const floa
       for (int j = 0; j < nk; j++) r[j] *= iz;
       for (int j = nk; j < N; j++) r[j] = 0;
     }
-    kvl_sgemm(false, false, T, D, N, 1.0f, a, N, v + (size_t)g * D, KVH * D, 0.0f,
-                out + (size_t)h * D, H * D);
+    kvl_sgemm(false, false, T, D, N, 1.0f, a, N, v + (size_t)g * D, KVH * D, 0.0f, out + (size_t)h * D, H * D);
   }
 }
 
@@ -127,8 +125,7 @@ void kvl_op_attention_backward(float *dq, float *dk, float *dv, const float *dou
     const int g = h / group;
     const float *a = att + (size_t)h * T * N, *doh = dout + (size_t)h * D;
     float *d = ds + (size_t)h * T * N;
-    kvl_sgemm(false, true, T, N, D, 1.0f, doh, H * D, v + (size_t)g * D, KVH * D, 0.0f,
-                d, N);
+    kvl_sgemm(false, true, T, N, D, 1.0f, doh, H * D, v + (size_t)g * D, KVH * D, 0.0f, d, N);
     for (int t = 0; t < T; t++) {
       const float *ar = a + (size_t)t * N;
       float *dr = d + (size_t)t * N;
@@ -136,12 +133,9 @@ void kvl_op_attention_backward(float *dq, float *dk, float *dv, const float *dou
       for (int j = 0; j < N; j++) sum += (double)ar[j] * dr[j];
       for (int j = 0; j < N; j++) dr[j] = ar[j] * (dr[j] - (float)sum) * scale;
     }
-    kvl_sgemm(false, false, T, D, N, 1.0f, d, N, k + (size_t)g * D, KVH * D, 1.0f,
-                dq + (size_t)h * D, H * D);
-    kvl_sgemm(true, false, N, D, T, 1.0f, d, N, q + (size_t)h * D, H * D, 0.0f,
-                sk + (size_t)h * N * D, D);
-    kvl_sgemm(true, false, N, D, T, 1.0f, a, N, doh, H * D, 0.0f, sv + (size_t)h * N * D,
-                D);
+    kvl_sgemm(false, false, T, D, N, 1.0f, d, N, k + (size_t)g * D, KVH * D, 1.0f, dq + (size_t)h * D, H * D);
+    kvl_sgemm(true, false, N, D, T, 1.0f, d, N, q + (size_t)h * D, H * D, 0.0f, sk + (size_t)h * N * D, D);
+    kvl_sgemm(true, false, N, D, T, 1.0f, a, N, doh, H * D, 0.0f, sv + (size_t)h * N * D, D);
   }
 #pragma omp parallel for schedule(static)
   for (int j = 0; j < N; j++)

@@ -346,8 +346,8 @@ static int run(kvl_distill_t *d, const struct kvl_distill_sample *const *s, int3
       for (int which = 0; which < 2; which++) {
         const struct pmap *p = &d->maps[2 * l + which];
         gather(d, p, which ? s[b]->src_v : s[b]->src_k, P, x);
-        kvl_sgemm(false, false, P, (int)p->cols, (int)p->rows, 1.0f, x, (int)p->rows,
-                    p->w, (int)p->cols, 0.0f, which ? pv[b][l] : pk[b][l], W);
+        kvl_sgemm(false, false, P, p->cols, p->rows, 1.0f, x, p->rows, p->w, p->cols, 0.0f,
+                  which ? pv[b][l] : pk[b][l], W);
         if (!which) kvl_op_rope_forward(rope, pk[b][l], pos, P, KVH);
       }
     seq[b] = (struct kvl_dense_seq){.pk = (const float *const *)pk[b], .pv = (const float *const *)pv[b], .P = P,
@@ -380,8 +380,8 @@ static int run(kvl_distill_t *d, const struct kvl_distill_sample *const *s, int3
           struct pmap *p = &d->maps[2 * l + which];
           if (!which) kvl_op_rope_backward(rope, pk[b][l], pos, P, KVH);
           gather(d, p, which ? s[b]->src_v : s[b]->src_k, P, x);
-          kvl_sgemm(true, false, (int)p->rows, (int)p->cols, P, 1.0f, x, (int)p->rows,
-                      which ? pv[b][l] : pk[b][l], W, 1.0f, p->g, (int)p->cols);
+          kvl_sgemm(true, false, p->rows, p->cols, P, 1.0f, x, p->rows, which ? pv[b][l] : pk[b][l], W, 1.0f, p->g,
+                    p->cols);
         }
     }
   }

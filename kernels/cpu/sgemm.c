@@ -1,9 +1,10 @@
 /* sgemm.c — the dense fp32 products of translation and training (kvl_sgemm): oneDNN's
  * sgemm, which JIT-compiles for the processor it runs on (AVX-512 on a Zen 5, where
- * Debian's OpenBLAS 0.3.21 does not know the core and runs its Haswell kernels: the
- * translation's products, 256-1024 rows by 128-256 columns by 512-1024 deep, ran ~35 %
- * faster through oneDNN there, bench-switch). OpenBLAS where oneDNN refuses, or when
- * KVL_SGEMM=openblas asks for it (to compare). */
+ * Debian's OpenBLAS 0.3.21 does not know the core and runs its Haswell kernels: at the
+ * translation's and training's shapes oneDNN ran 1.5-2.2x faster there, bench/README.md).
+ * OpenBLAS where oneDNN refuses, or when KVL_SGEMM=openblas asks for it (to compare).
+ * Inside an OpenMP parallel region (the training's per-head attention) each call runs on
+ * its own thread, as OpenBLAS's OpenMP build did. */
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <stdlib.h>
