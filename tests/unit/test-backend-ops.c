@@ -434,6 +434,39 @@ static void perf(kvl_backend_t *be) {
     }
 }
 
+/* kvl_sgemm (oneDNN; KVL_SGEMM=openblas runs it on OpenBLAS) against a double-precision product,
+ * every transpose combination, with alpha, beta and leading dimensions wider than the
+ * matrices. */
+static void test_sgemm(void) {
+  const int64_t M = 37, N = 29, K = 53, pad = 3;
+  double worst = 0;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+      float *A = malloc((size_t)(ta ? K : M) * lda * 4), *B = malloc((size_t)(tb ? N : K) * ldb * 4);
+      float *C = malloc((size_t)M * ldc * 4), *C0 = malloc((size_t)M * ldc * 4);
+      fill(A, (size_t)(ta ? K : M) * lda, 1.0f);
+      fill(B, (size_t)(tb ? N : K) * ldb, 1.0f);
+      fill(C, (size_t)M * ldc, 1.0f);
+      memcpy(C0, C, (size_t)M * ldc * 4);
+      kvl_sgemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 2.0f, C, ldc);
+      for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+          double acc = 0;
+          for (int64_t k = 0; k < K; k++)
+            acc += (double)(ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+          const double want = 0.5 * acc + 2.0 * C0[i * ldc + j];
+          worst = fmax(worst, fabs(want - C[i * ldc + j]) / (fabs(want) + 1.0));
+        }
+      for (int64_t i = 0; i < M; i++) /* the padding columns untouched */
+        for (int64_t j = N; j < ldc; j++) CHECK(C[i * ldc + j] == C0[i * ldc + j]);
+      free(A), free(B), free(C), free(C0);
+    }
+  printf("  kvl_sgemm (%s), 4 transpose cases: worst relative error %.2e\n",
+         getenv("KVL_SGEMM") ? getenv("KVL_SGEMM") : "onednn", worst);
+  CHECK(worst < 1e-5);
+}
+
 int main(int argc, char **argv) {
   const char *levels[] = {"scalar",     "avx2",         "avx2int8", "avx2int8mm", "avx512",
                           "avx512vnni", "avx512vnnimm", "amx",      "avx512bf16"};
@@ -460,6 +493,7 @@ int main(int argc, char **argv) {
     RUN(test_kv);
     RUN(test_qdot_vec);
     RUN(test_q8_act);
+    RUN(test_sgemm);
     printf("%d cases, %d failed; int8 decode path worst nmse %.2e; bf16 GEMM worst nmse %.2e\n", n_cases, n_bad,
            worst_i8, worst_bf16);
   }
