@@ -94,7 +94,7 @@ int kvl_bench_line_translate(struct kvl_bench_side *from_side, struct kvl_bench_
   return rc;
 }
 
-int kvl_bench_pair_open(char paths[2][4200], const char *maps, const char *variant, size_t blocks,
+int kvl_bench_pair_open(char paths[2][4200], const char *maps, const char *variant, bool bf16, size_t blocks,
                         struct kvl_bench_side sd[2], const char *who) {
   char err[512];
   memset(sd, 0, 2 * sizeof(*sd));
@@ -118,6 +118,10 @@ int kvl_bench_pair_open(char paths[2][4200], const char *maps, const char *varia
       return KVL_EINVAL;
     }
     sd[i].to_other = t;
+    if (bf16 && kvl_translator_use_bf16(t, true, err, sizeof(err)) < 0) {
+      fprintf(stderr, "%s: %s: %s\n", who, p, err);
+      return KVL_ENOTSUP;
+    }
   }
   return 0;
 }

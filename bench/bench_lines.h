@@ -43,8 +43,9 @@ int kvl_bench_line_translate(struct kvl_bench_side *from_side, struct kvl_bench_
 
 /* Open the pair paths[0], paths[1]: each model beside a bf16 KV pool of `blocks` blocks,
  * and the translators <maps>/<a>-to-<b>[.<variant>].safetensors both ways (sd[i].to_other;
- * variant "" = the closed form). Errors are printed with the benchmark's name. */
-int kvl_bench_pair_open(char paths[2][4200], const char *maps, const char *variant, size_t blocks,
+ * variant "" = the closed form), their products in bf16 when `bf16` (kvl_translator_use_bf16;
+ * refused where the processor cannot). Errors are printed with the benchmark's name. */
+int kvl_bench_pair_open(char paths[2][4200], const char *maps, const char *variant, bool bf16, size_t blocks,
                         struct kvl_bench_side sd[2], const char *who);
 void kvl_bench_pair_close(struct kvl_bench_side sd[2]);
 

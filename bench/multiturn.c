@@ -10,7 +10,7 @@
  *              switch, so old spans pass through several translators.
  *
  *   bench-multiturn [--small S.gguf --large L.gguf] [--maps DIR] [-n CONVERSATIONS]
- *                   [--variant distilled] [--turn-user 48] [--turn-cont 32] [--head 32] [--out DIR]
+ *                   [--variant distilled] [--precision fp32|bf16] [--turn-user 48] [--turn-cont 32] [--head 32] [--out DIR]
  *
  * --head N: the protocol and the naive scheme compute the first N positions natively in
  * every model and translate only what comes after (the daemon's translate_native_head,
@@ -49,8 +49,9 @@ int main(int argc, char **argv) {
   snprintf(split, sizeof(split), "%s/translator/corpus/split.tsv", KVL_BENCH_SOURCE_ROOT);
   int n_conv = 8, tu = 48, tc = 32, head = 32;
   const char *out = "bench/results", *variant = "distilled";
+  bool bf16 = false; /* --precision bf16: the translators' products in bf16, as kvlingod serves where it can */
   static const struct option opts[] = {{"small", required_argument, 0, 'S'}, {"large", required_argument, 0, 'L'},
-                                       {"maps", required_argument, 0, 'M'}, {"variant", required_argument, 0, 'V'}, {"turn-user", required_argument, 0, 'U'},
+                                       {"maps", required_argument, 0, 'M'}, {"variant", required_argument, 0, 'V'}, {"precision", required_argument, 0, 'P'}, {"turn-user", required_argument, 0, 'U'},
                                        {"turn-cont", required_argument, 0, 'C'}, {"out", required_argument, 0, 'O'}, {"head", required_argument, 0, 'H'},
                                        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
@@ -60,6 +61,13 @@ int main(int argc, char **argv) {
     case 'L': snprintf(paths[1], sizeof(paths[1]), "%s", optarg); break;
     case 'M': snprintf(maps, sizeof(maps), "%s", optarg); break;
     case 'V': variant = optarg; break;
+    case 'P':
+      if (strcmp(optarg, "bf16") && strcmp(optarg, "fp32")) {
+        fprintf(stderr, "bench-multiturn: --precision: expected fp32 or bf16, got '%s'\n", optarg);
+        return 2;
+      }
+      bf16 = !strcmp(optarg, "bf16");
+      break;
     case 'U': tu = atoi(optarg); break;
     case 'C': tc = atoi(optarg); break;
     case 'H': head = atoi(optarg); break;
@@ -74,7 +82,7 @@ int main(int argc, char **argv) {
   char err[512];
   struct kvl_bench_side sd[2];
   const int32_t L = TURNS * (tu + tc);
-  if (kvl_bench_pair_open(paths, maps, variant, 6 * ((size_t)L / KVL_KV_BLOCK + 2), sd, "bench-multiturn") < 0) return 1;
+  if (kvl_bench_pair_open(paths, maps, variant, bf16, 6 * ((size_t)L / KVL_KV_BLOCK + 2), sd, "bench-multiturn") < 0) return 1;
   kvl_tokenizer_t *tk;
   if (kvl_tokenizer_from_gguf(kvl_model_gguf(sd[0].m), &tk, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
   struct kvl_corpus_opts co = {.split_tsv = split, .split = "heldout", .domain = NULL, .ctx = L, .min_tokens = L,
@@ -153,6 +161,7 @@ int main(int argc, char **argv) {
       json_object_set_new(r, "turn", json_integer(t + 1));
       json_object_set_new(r, "method", json_string(METHOD[mth]));
       json_object_set_new(r, "translators", json_string(*variant ? variant : "closed-form"));
+      json_object_set_new(r, "precision", json_string(bf16 ? "bf16" : "fp32"));
       json_object_set_new(r, "native_head", json_integer(mth > 0 ? head : 0));
       if (mth > 0) { /* paired difference to the reference, with its standard error */
         for (int32_t i = 0; i < n_smp && i < 256; i++) d[i] = x[i] - nll[((size_t)0 * TURNS + t) * n_smp + i];

@@ -21,7 +21,7 @@
  * do at all ("per-token-entropy-bound"): the gain kept if the 10/25/50/75% of tokens where
  * the small model is least sure went to the large model one by one, on its native cache.
  *
- *   bench-routing [--small S.gguf --large L.gguf] [--maps DIR] [--variant distilled]
+ *   bench-routing [--small S.gguf --large L.gguf] [--maps DIR] [--variant distilled] [--precision fp32|bf16]
  *                 [-n 48] [--prompt 192] [--cont 64] [--window 8] [--tail 32] [--head 0]
  *                 [--thresholds 0.5,0.75,1,1.25,1.5,2,2.5,3] [--out DIR]
  *
@@ -82,8 +82,9 @@ int main(int argc, char **argv) {
   double tau[MAX_TAU];
   int n_tau = parse_list("0.5,0.75,1,1.25,1.5,2,2.5,3", tau, MAX_TAU);
   const char *out = "bench/results", *variant = "distilled";
+  bool bf16 = false; /* --precision bf16: the translators' products in bf16, as kvlingod serves where it can */
   static const struct option opts[] = {{"small", required_argument, 0, 'S'}, {"large", required_argument, 0, 'L'},
-                                       {"maps", required_argument, 0, 'M'}, {"variant", required_argument, 0, 'V'},
+                                       {"maps", required_argument, 0, 'M'}, {"variant", required_argument, 0, 'V'}, {"precision", required_argument, 0, 'R'},
                                        {"prompt", required_argument, 0, 'P'}, {"cont", required_argument, 0, 'C'},
                                        {"window", required_argument, 0, 'W'}, {"tail", required_argument, 0, 'K'}, {"head", required_argument, 0, 'H'}, {"thresholds", required_argument, 0, 'T'},
                                        {"out", required_argument, 0, 'O'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
@@ -94,6 +95,13 @@ int main(int argc, char **argv) {
     case 'L': snprintf(paths[1], sizeof(paths[1]), "%s", optarg); break;
     case 'M': snprintf(maps, sizeof(maps), "%s", optarg); break;
     case 'V': variant = optarg; break;
+    case 'R':
+      if (strcmp(optarg, "bf16") && strcmp(optarg, "fp32")) {
+        fprintf(stderr, "bench-routing: --precision: expected fp32 or bf16, got '%s'\n", optarg);
+        return 2;
+      }
+      bf16 = !strcmp(optarg, "bf16");
+      break;
     case 'P': P = atoi(optarg); break;
     case 'C': C = atoi(optarg); break;
     case 'W': w = atoi(optarg); break;
@@ -118,7 +126,7 @@ int main(int argc, char **argv) {
   char err[512];
   struct kvl_bench_side sd[2];
   const int32_t N = P + C;
-  if (kvl_bench_pair_open(paths, maps, variant, 4 * ((size_t)N / KVL_KV_BLOCK + 2), sd, "bench-routing") < 0) return 1;
+  if (kvl_bench_pair_open(paths, maps, variant, bf16, 4 * ((size_t)N / KVL_KV_BLOCK + 2), sd, "bench-routing") < 0) return 1;
   kvl_tokenizer_t *tk;
   if (kvl_tokenizer_from_gguf(kvl_model_gguf(sd[0].m), &tk, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
   /* half code, half prose */
@@ -267,6 +275,7 @@ int main(int argc, char **argv) {
     json_object_set_new(r, "large_token_fraction", json_real(m_lf / D));
     json_object_set_new(r, "large_tokens_computed", json_real(m_lc / D));
     json_object_set_new(r, "translators", json_string(*variant ? variant : "closed-form"));
+      json_object_set_new(r, "precision", json_string(bf16 ? "bf16" : "fp32"));
     json_object_set_new(r, "prompt_tokens", json_integer(P));
     json_object_set_new(r, "cont_tokens", json_integer(C));
     fprintf(stderr, "%-18s %s tau %-5.2f  NLL %.4f  gain %5.1f%%  large tokens %5.1f%% (%.0f computed)\n", setting,

@@ -52,6 +52,8 @@ def main():
                          "prefix cache); 0 = fresh histories with nothing shared but <|im_start|>")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--directions", default="small-to-large,large-to-small")
+    ap.add_argument("--translation-precision", default="auto", choices=["auto", "bf16", "fp32"],
+                    help="the daemon's translation_precision (auto: bf16 products where the processor has a bf16 GEMM)")
     ap.add_argument("--append", action="store_true",
                     help="keep the results already in the output file for other history lengths")
     ap.add_argument("--render-only", action="store_true", help="rewrite the table and plot from the JSON; measure nothing")
@@ -68,6 +70,7 @@ def main():
                 f"max_prompt_tokens: {need}\nmax_concurrent: 4\n"
                 f"quality_gate: {{shadow_fraction: 0}}\n"  # no background shadows while timing
                 f"translate_native_head: {a.native_head}\n"
+                f"translation_precision: {a.translation_precision}\n"
                 "models:\n"
                 f"  - {{name: {small}, path: {small}, hot_mib: 2048, cold_mib: 512, max_model_len: {need + 64}}}\n"
                 f"  - {{name: {large}, path: {large}, hot_mib: 3072, cold_mib: 512, max_model_len: {need + 64}}}\n"
@@ -78,12 +81,17 @@ def main():
         import signal
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
-    d = subprocess.Popen([a.kvlingod, "--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                         preexec_fn=die_with_parent)
+    dlog = open(os.path.join(tmp, "kvlingod.log"), "w")
+    d = subprocess.Popen([a.kvlingod, "--config", cfg, "--log-level", "info"], stdout=subprocess.PIPE, stderr=dlog,
+                         text=True, preexec_fn=die_with_parent)
     line = d.stdout.readline()
     if not line.startswith("kvlingod listening"):
         sys.exit(f"kvlingod did not start: {line}")
     port = dict(p.split("=", 1) for p in line.split()[2:])["grpc"]
+    dlog.flush()
+    precision = sorted({json.loads(ln).get("precision", "fp32") for ln in open(dlog.name) if '"translator_loaded"' in ln})
+    precision = ",".join(precision) or "unknown"  # what the daemon chose, as its log says
+    print(f"translation precision: {precision}", flush=True)
     from kvlingo_client import pb, rpc  # noqa: E402
     import grpc  # noqa: E402
     stub = rpc.InferenceStub(grpc.insecure_channel(port))
@@ -144,14 +152,16 @@ def main():
                             "translated_positions": usage.translated_tokens,
                             "prefilled_positions": usage.prefilled_tokens, "native_head": a.native_head,
                             "system_tokens": a.system, "cached_positions": usage.cached_native_tokens,
-                            "cpu_level": os.environ.get("KVL_CPU") or "auto", "measured_at": "gRPC client"})
+                            "cpu_level": os.environ.get("KVL_CPU") or "auto", "translation_precision": precision,
+                            "measured_at": "gRPC client"})
     d.terminate()
     d.wait(timeout=120)
     cmd = " ".join(shlex.quote(x) for x in sys.argv)
     path = os.path.join(a.out, "switch-ttft.json")
     if a.append and os.path.exists(path):  # an earlier run's other lengths stay, with its command
         old = json.load(open(path))
-        key = lambda r: (r["direction"], r["context_tokens"], r.get("system_tokens", 0))  # noqa: E731
+        key = lambda r: (r["direction"], r["context_tokens"], r.get("system_tokens", 0),  # noqa: E731
+                         r.get("translation_precision", "fp32"))
         mine = {key(r) for r in results}
         results = sorted([r for r in old["results"] if key(r) not in mine] + results,
                          key=lambda r: (r.get("system_tokens", 0), r["context_tokens"], r["direction"]))
@@ -181,10 +191,13 @@ def render(rep, a):
                 "`shared system prompt`: the history's first N tokens are a system prompt both models already "
                 "hold natively in their prefix cache (`--system N`), so neither side computes them; 0: a fresh "
                 "history.\n\n"
-                "| direction | history tokens | shared system prompt | runs | translated ms | re-prefill ms | speed-up |\n"
-                "|---|---|---|---|---|---|---|\n")
+                "`precision`: the translators' products (the daemon's translation_precision; fp32 before it existed).\n\n"
+                "| direction | history tokens | shared system prompt | precision | runs | translated ms | re-prefill ms "
+                "| speed-up |\n"
+                "|---|---|---|---|---|---|---|---|\n")
         for r in results:
-            f.write(f"| {r['direction']} | {r['context_tokens']} | {r.get('system_tokens', 0)} | {r['runs']} | "
+            f.write(f"| {r['direction']} | {r['context_tokens']} | {r.get('system_tokens', 0)} | "
+                    f"{r.get('translation_precision', 'fp32')} | {r['runs']} | "
                     f"{r['translated_ms']:.0f} ± "
                     f"{r['translated_sd_ms']:.0f} | {r['reprefill_ms']:.0f} ± {r['reprefill_sd_ms']:.0f} | "
                     f"**{r['value']:.1f}×** |\n")
@@ -193,14 +206,16 @@ def render(rep, a):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-        for name, sysn in [(n, k) for k in sorted({r.get("system_tokens", 0) for r in results})
-                           for n in a.directions.split(",")]:
+        precs = sorted({r.get("translation_precision", "fp32") for r in results})
+        for name, sysn, prec in [(n, k, p) for k in sorted({r.get("system_tokens", 0) for r in results})
+                                 for p in precs for n in ("small-to-large", "large-to-small")]:
             S, T = dirs[name]
-            rs = [r for r in results if r["direction"] == f"{S}->{T}" and r.get("system_tokens", 0) == sysn]
+            rs = [r for r in results if r["direction"] == f"{S}->{T}" and r.get("system_tokens", 0) == sysn and
+                  r.get("translation_precision", "fp32") == prec]
             if not rs:
                 continue
             xs = [r["context_tokens"] for r in rs]
-            tag = f", shared {sysn}-token system prompt" if sysn else ""
+            tag = (f", shared {sysn}-token system prompt" if sysn else "") + (f", {prec}" if len(precs) > 1 else "")
             ax[0].plot(xs, [r["reprefill_ms"] for r in rs], "o--", label=f"re-prefill in {T}{tag}")
             ax[0].plot(xs, [r["translated_ms"] for r in rs], "o-", label=f"translate {S}→{T}{tag}")
             ax[1].plot(xs, [r["value"] for r in rs], "o-" if not sysn else "s:", label=f"{S}→{T}{tag}")

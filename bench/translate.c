@@ -10,9 +10,12 @@
  * % of the fp32 compute roofline: translation of a span is a GEMM, so it is
  * compute-bound long before it is memory-bound. Maps: the committed translators when
  * given (-t), else random maps of the right shapes (ν = 1, affine). Positions are
- * 0..N-1 on both sides.
+ * 0..N-1 on both sides. --precision: the products in fp32, in bf16
+ * (kvl_translator_use_bf16), or both (default); each row says which ("precision"), and a
+ * bf16 row gives its target cache's relative RMS difference to the fp32 one.
  */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +23,7 @@
 #include "bench_common.h"
 #include "kvl_error.h"
 #include "kvl_model.h"
+#include "kvl_quant.h"
 #include "kvl_translator.h"
 
 static double roofline_value(const char *test) {
@@ -73,22 +77,26 @@ static kvl_translator_t *random_translator(const struct kvl_model_fingerprint *s
 int main(int argc, char **argv) {
   static const struct option opts[] = {{"runs", required_argument, 0, 'r'}, {"out", required_argument, 0, 'o'},
                                        {"translator", required_argument, 0, 't'}, {"bw", required_argument, 0, 'b'},
-                                       {"max", required_argument, 0, 'm'}, {"help", no_argument, 0, 'h'},
-                                       {0, 0, 0, 0}};
+                                       {"max", required_argument, 0, 'm'}, {"precision", required_argument, 0, 'p'},
+                                       {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int runs = 5, max_n = 16384, c, nt = 0;
-  const char *out = "bench/results", *tfiles[8];
+  const char *out = "bench/results", *tfiles[8], *precision = "both";
   double bw = 0;
-  while ((c = getopt_long(argc, argv, "r:o:t:b:m:h", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "r:o:t:b:m:p:h", opts, NULL)) != -1) {
     switch (c) {
     case 'r': runs = atoi(optarg); break;
     case 'o': out = optarg; break;
     case 't': if (nt < 8) tfiles[nt++] = optarg; break;
     case 'b': bw = atof(optarg); break;
     case 'm': max_n = atoi(optarg); break;
+    case 'p': precision = optarg; break;
     case 'h':
       printf("usage: bench-translate [-r RUNS] [-t TRANSLATOR ...] [--bw GB/s] [--max N] [-o DIR]\n"
+             "                       [--precision fp32|bf16|both]\n"
              "Times translating spans of 64, 512, 4096, 16384 tokens in each direction of the\n"
-             "Qwen2.5-Coder pair; writes DIR/translate.json and .md.\n");
+             "Qwen2.5-Coder pair; writes DIR/translate.json and .md. --precision: the products in\n"
+             "fp32, in bf16 (kvl_translator_use_bf16; where the processor can), or both (default;\n"
+             "the bf16 rows then carry their output's relative RMS difference to the fp32 one).\n");
       return 0;
     default: return 2;
     }
@@ -150,36 +158,63 @@ int main(int argc, char **argv) {
                                       .src_rope = kvl_model_rope(m[s]), .src_pos = pos, .dst_layout = &ld,
                                       .dst_base = pd, .dst_table = table, .dst_rope = kvl_model_rope(m[d]),
                                       .dst_pos = pos, .n = n};
-      if (kvl_translator_apply(t, &sp, err, sizeof(err)) < 0) { /* warm-up, also a check */
-        fprintf(stderr, "bench-translate: %s\n", err);
-        return 1;
+      const size_t dbytes = (size_t)nb * kvl_kv_block_bytes(&ld);
+      uint16_t *ref = NULL; /* the fp32 products' target cache, to compare the bf16 one with */
+      for (int prec = 0; prec < 2; prec++) {
+        if ((prec == 0 && !strcmp(precision, "bf16")) || (prec == 1 && !strcmp(precision, "fp32"))) continue;
+        if (prec == 1 && kvl_translator_use_bf16(t, true, err, sizeof(err)) < 0) {
+          fprintf(stderr, "bench-translate: bf16: %s\n", err);
+          break;
+        }
+        if (kvl_translator_apply(t, &sp, err, sizeof(err)) < 0) { /* warm-up, also a check */
+          fprintf(stderr, "bench-translate: %s\n", err);
+          return 1;
+        }
+        double rel = -1;
+        if (prec == 0) {
+          ref = malloc(dbytes);
+          memcpy(ref, pd, dbytes);
+        } else if (ref) { /* both caches are bf16 */
+          double d2 = 0, r2 = 0;
+          for (size_t i = 0; i < dbytes / 2; i++) {
+            double a = kvl_bf16_to_fp32(ref[i]), b = kvl_bf16_to_fp32(((uint16_t *)pd)[i]);
+            d2 += (a - b) * (a - b), r2 += a * a;
+          }
+          rel = r2 > 0 ? sqrt(d2 / r2) : 0;
+        }
+        double *x = malloc((size_t)runs * sizeof(double));
+        for (int r = 0; r < runs; r++) {
+          double t0 = kvl_bench_now();
+          kvl_translator_apply(t, &sp, err, sizeof(err));
+          x[r] = kvl_bench_now() - t0;
+        }
+        struct kvl_bench_stats st;
+        kvl_bench_stats_compute(x, runs, &st);
+        double bytes = (double)n * ((double)fp[s].n_layer * 2 * kvl_fingerprint_kv_width(&fp[s]) * 2 +
+                                    (double)fp[d].n_layer * 2 * kvl_fingerprint_kv_width(&fp[d]) * 2);
+        char test[64], model[128];
+        snprintf(test, sizeof(test), "translate-%d", n);
+        snprintf(model, sizeof(model), "%s->%s", names[s], names[d]);
+        json_t *res = kvl_bench_report_add(rep, model, test, st.median * 1e3, "ms", runs, st.sd * 1e3);
+        json_object_set_new(res, "tokens_per_s", json_real(n / st.median));
+        json_object_set_new(res, "gbps", json_real(bytes / st.median / 1e9));
+        if (bw > 0) json_object_set_new(res, "bw_roofline_pct", json_real(100 * bytes / st.median / 1e9 / bw));
+        json_object_set_new(res, "gflops", json_real((double)flop_per_tok * n / st.median / 1e9));
+        if (flops_peak > 0)
+          json_object_set_new(res, "compute_roofline_pct",
+                              json_real(100 * (double)flop_per_tok * n / st.median / 1e9 / flops_peak));
+        json_object_set_new(res, "translator", json_string(tname));
+        json_object_set_new(res, "kv", json_string("bf16"));
+        json_object_set_new(res, "precision", json_string(prec ? "bf16" : "fp32"));
+        if (rel >= 0) json_object_set_new(res, "rel_rms_vs_fp32", json_real(rel));
+        fprintf(stderr, "%s %s %s: %.2f ms (%.0f tokens/s, %.1f GB/s, %.0f GFLOP/s)", model, test, prec ? "bf16" : "fp32",
+                st.median * 1e3, n / st.median, bytes / st.median / 1e9, (double)flop_per_tok * n / st.median / 1e9);
+        if (rel >= 0) fprintf(stderr, ", relative RMS difference to fp32 %.2e", rel);
+        fprintf(stderr, "\n");
+        free(x);
       }
-      double *x = malloc((size_t)runs * sizeof(double));
-      for (int r = 0; r < runs; r++) {
-        double t0 = kvl_bench_now();
-        kvl_translator_apply(t, &sp, err, sizeof(err));
-        x[r] = kvl_bench_now() - t0;
-      }
-      struct kvl_bench_stats st;
-      kvl_bench_stats_compute(x, runs, &st);
-      double bytes = (double)n * ((double)fp[s].n_layer * 2 * kvl_fingerprint_kv_width(&fp[s]) * 2 +
-                                  (double)fp[d].n_layer * 2 * kvl_fingerprint_kv_width(&fp[d]) * 2);
-      char test[64], model[128];
-      snprintf(test, sizeof(test), "translate-%d", n);
-      snprintf(model, sizeof(model), "%s->%s", names[s], names[d]);
-      json_t *res = kvl_bench_report_add(rep, model, test, st.median * 1e3, "ms", runs, st.sd * 1e3);
-      json_object_set_new(res, "tokens_per_s", json_real(n / st.median));
-      json_object_set_new(res, "gbps", json_real(bytes / st.median / 1e9));
-      if (bw > 0) json_object_set_new(res, "bw_roofline_pct", json_real(100 * bytes / st.median / 1e9 / bw));
-      json_object_set_new(res, "gflops", json_real((double)flop_per_tok * n / st.median / 1e9));
-      if (flops_peak > 0)
-        json_object_set_new(res, "compute_roofline_pct",
-                            json_real(100 * (double)flop_per_tok * n / st.median / 1e9 / flops_peak));
-      json_object_set_new(res, "translator", json_string(tname));
-      json_object_set_new(res, "kv", json_string("bf16"));
-      fprintf(stderr, "%s %s: %.2f ms (%.0f tokens/s, %.1f GB/s, %.0f GFLOP/s)\n", model, test, st.median * 1e3,
-              n / st.median, bytes / st.median / 1e9, (double)flop_per_tok * n / st.median / 1e9);
-      free(x);
+      kvl_translator_use_bf16(t, false, NULL, 0);
+      free(ref);
       free(ps);
       free(pd);
       free(table);

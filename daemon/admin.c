@@ -295,6 +295,15 @@ int kvld_translator_add(struct kvld *d, const char *path, char *err, size_t errl
   snprintf(t->path, sizeof(t->path), "%s", path);
   int rc = kvl_translator_load(t->path, &t->t, err, errlen);
   if (rc < 0) return rc;
+  if (strcmp(d->cfg.translation_precision, "fp32") != 0) {
+    char why[256];
+    int pr = kvl_translator_use_bf16(t->t, true, why, sizeof(why));
+    if (pr == KVL_ENOMEM || (pr < 0 && !strcmp(d->cfg.translation_precision, "bf16"))) {
+      kvl_translator_free(t->t);
+      return kvl_errf(err, errlen, pr, "translator %s: translation_precision %s: %s", path,
+                      d->cfg.translation_precision, why);
+    }
+  }
   t->src = t->dst = -1;
   struct kvl_model_fingerprint fp[KVLD_MAX_MODELS];
   for (int k = 0; k < d->n_models; k++)
@@ -329,8 +338,8 @@ int kvld_translator_add(struct kvld *d, const char *path, char *err, size_t errl
     }
   d->n_translators++;
   xlat_sync(d, t->src, t->dst, t->t, NULL);
-  kvld_log(KVLD_INFO, "translator_loaded", "\"file\":\"%s\",\"source\":\"%s\",\"target\":\"%s\"", t->path,
-           d->models[t->src].name, d->models[t->dst].name);
+  kvld_log(KVLD_INFO, "translator_loaded", "\"file\":\"%s\",\"source\":\"%s\",\"target\":\"%s\",\"precision\":\"%s\"",
+           t->path, d->models[t->src].name, d->models[t->dst].name, kvl_translator_is_bf16(t->t) ? "bf16" : "fp32");
   return d->n_translators - 1;
 }
 

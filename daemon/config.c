@@ -53,6 +53,7 @@ void kvld_config_defaults(struct kvld_config *c, const char *source_root) {
   c->cache_snapshot = true;
   c->translate_native_tail = 1;
   c->translate_native_head = 32;
+  snprintf(c->translation_precision, sizeof(c->translation_precision), "auto");
   c->router.cascade_window = 8;
   c->router.handoff_native_tail = 1;
   c->router.cascade_max_mean_entropy = 2.0;
@@ -267,6 +268,13 @@ static void walk_root(struct walk *w, yaml_node_t *n, struct kvld_config *c) {
       const char *v = scalar(w, vn, path);
       if (v && (!strcmp(v, "true") || !strcmp(v, "false"))) c->cache_snapshot = !strcmp(v, "true");
       else if (v) bad(w, path, "expected true or false");
+      continue;
+    }
+    if (!strcmp(k, "translation_precision")) {
+      get_str(w, vn, path, c->translation_precision, sizeof(c->translation_precision));
+      if (!w->rc && strcmp(c->translation_precision, "auto") && strcmp(c->translation_precision, "bf16") &&
+          strcmp(c->translation_precision, "fp32"))
+        bad(w, path, "expected auto, bf16 or fp32");
       continue;
     }
     if (!strcmp(k, "replica_id")) { get_str(w, vn, path, c->replica_id, sizeof(c->replica_id)); continue; }

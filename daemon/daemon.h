@@ -64,6 +64,8 @@ struct kvld_config {
                                 larger of this and router.handoff_native_tail) */
   int translate_native_head; /* every request: its first N positions computed natively, never
                                 translated (the attention sink's block; 0: none) */
+  char translation_precision[8]; /* the translators' products: auto (bf16 where the processor
+                                    has AVX512-BF16 or AMX, else fp32) | bf16 | fp32 */
   char replica_id[128];      /* this replica's name in responses (default: the hostname) */
   double conversation_ttl_s; /* a conversation's kept lines expire after this idle time */
   struct {                   /* what model "auto" means */

@@ -34,6 +34,9 @@ static void usage(FILE *f) {
     "      --router POLICY    what model \"auto\" means: fixed (the default model), cascade,\n"
     "                         prefill-offload or pinned (docs/daemon.md, \"Routing\")\n"
     "      --replica-id ID    this replica's name in responses (default: the hostname)\n"
+    "      --translation-precision auto|bf16|fp32\n"
+    "                         the translators' products (auto: bf16 where the processor has\n"
+    "                         AVX512-BF16 or AMX, about 2x faster; fp32 elsewhere)\n"
     "  -h, --help             this text\n"
     "      --version          print the version\n"
     "\n"
@@ -130,14 +133,15 @@ static void on_signal(uv_signal_t *s, int signum) {
 }
 
 int main(int argc, char **argv) {
-  enum { O_GRPC = 1000, O_HTTP, O_LISTEN, O_LOG, O_VERSION, O_REPLICA, O_ROUTER };
+  enum { O_GRPC = 1000, O_HTTP, O_LISTEN, O_LOG, O_VERSION, O_REPLICA, O_ROUTER, O_PRECISION };
   static const struct option opts[] = {
     {"config", required_argument, 0, 'c'}, {"grpc-port", required_argument, 0, O_GRPC},
     {"http-port", required_argument, 0, O_HTTP}, {"listen", required_argument, 0, O_LISTEN},
     {"model", required_argument, 0, 'm'}, {"translator", required_argument, 0, 't'},
     {"log-level", required_argument, 0, O_LOG}, {"help", no_argument, 0, 'h'},
     {"replica-id", required_argument, 0, O_REPLICA}, {"router", required_argument, 0, O_ROUTER},
-    {"version", no_argument, 0, O_VERSION}, {0, 0, 0, 0}};
+    {"version", no_argument, 0, O_VERSION}, {"translation-precision", required_argument, 0, O_PRECISION},
+    {0, 0, 0, 0}};
   static struct kvld d;
   g_d = &d;
   kvld_config_defaults(&d.cfg, KVLD_SOURCE_ROOT);
@@ -176,6 +180,10 @@ int main(int argc, char **argv) {
     case O_LISTEN: snprintf(d.cfg.listen, sizeof(d.cfg.listen), "%s", optarg); break;
     case O_LOG: snprintf(d.cfg.log_level, sizeof(d.cfg.log_level), "%s", optarg); break;
     case O_REPLICA: snprintf(d.cfg.replica_id, sizeof(d.cfg.replica_id), "%s", optarg); break;
+    case O_PRECISION:
+      if (strcmp(optarg, "auto") && strcmp(optarg, "bf16") && strcmp(optarg, "fp32")) { fprintf(stderr, "kvlingod: --translation-precision: expected auto, bf16 or fp32, got '%s'\n", optarg); return 2; }
+      snprintf(d.cfg.translation_precision, sizeof(d.cfg.translation_precision), "%s", optarg);
+      break;
     case O_ROUTER: {
       static const char *const ok[] = {"fixed", "cascade", "prefill-offload", "pinned"};
       bool found = false;

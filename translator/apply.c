@@ -1,6 +1,8 @@
 /* apply.c — translating a span of one model's KV cache into another's (DESIGN.md
  * "Translation"): load the source layers once per chunk of positions and un-rotate their
- * keys, multiply the ν layers each map reads by the map (kvl_sgemm), rotate with the target RoPE, store. And the scalar reference. */
+ * keys, multiply the ν layers each map reads by the map (kvl_sgemm in fp32, or
+ * kvl_gemm_bf16 after kvl_translator_use_bf16), rotate with the target RoPE, store. And
+ * the scalar reference. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,9 +77,157 @@ static void product(const kvl_translator_t *t, const struct kvl__tr_map *mp, con
   kvl_sgemm(false, false, n, t->w_dst, rows, 1.0f, x, rows, mp->data, t->w_dst, 0.0f, y, t->w_dst);
 }
 
+int kvl_translator_use_bf16(kvl_translator_t *t, bool on, char *err, size_t errlen) {
+  if (!t) return kvl_errf(err, errlen, KVL_EINVAL, "translator is NULL");
+  for (int32_t l = 0; l < t->dst.n_layer; l++)
+    for (int w = 0; w < 2; w++) {
+      struct kvl__tr_map *m = &t->maps[l][w];
+      free(m->wb);
+      free(m->wbias);
+      m->wb = NULL;
+      m->wbias = NULL;
+    }
+  t->bf16 = false;
+  if (!on) return 0;
+  if (!kvl_gemm_bf16_usable())
+    return kvl_errf(err, errlen, KVL_ENOTSUP, "this processor has no bf16 GEMM (AVX512-BF16 or AMX): staying in fp32");
+  for (int32_t l = 0; l < t->dst.n_layer; l++)
+    for (int w = 0; w < 2; w++) {
+      struct kvl__tr_map *m = &t->maps[l][w];
+      if (m->nu == 0) continue; /* apply refuses an unset map by itself */
+      const int64_t k = (int64_t)m->nu * t->w_src;
+      m->wb = malloc((size_t)(k * t->w_dst) * sizeof(uint16_t));
+      m->wbias = t->affine ? malloc((size_t)t->w_dst * sizeof(float)) : NULL;
+      if (!m->wb || (t->affine && !m->wbias)) {
+        kvl_translator_use_bf16(t, false, NULL, 0);
+        return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory for the bf16 maps");
+      }
+      for (int64_t i = 0; i < k * t->w_dst; i++) m->wb[i] = kvl_fp32_to_bf16(m->data[i]);
+      if (t->affine) memcpy(m->wbias, m->data + k * t->w_dst, (size_t)t->w_dst * sizeof(float));
+    }
+  t->bf16 = true;
+  return 0;
+}
+
+bool kvl_translator_is_bf16(const kvl_translator_t *t) { return t && t->bf16; }
+
+/* Are a map's sources consecutive ascending layers? Then its input rows are one strided
+ * view of the position-major scratch, and nothing is gathered. */
+static bool consecutive(const struct kvl__tr_map *mp) {
+  for (int j = 1; j < mp->nu; j++)
+    if (mp->sources[j] != mp->sources[0] + j) return false;
+  return true;
+}
+
+/* The bf16 path: the chunk's source rows are converted once into position-major scratch
+ * [position][source layer][w_S] (bf16), so the ν consecutive layers a map reads are one
+ * matrix with leading dimension n_S·w_S; one kvl_gemm_bf16 per map and chunk, its M
+ * rounded up to a multiple of 64 (few primitive shapes; the rows past the span are
+ * scratch, computed and dropped). Returns KVL_ENOTSUP if a product was refused before
+ * anything was written (the caller runs the fp32 path), else 0 or KVL_ENOMEM. */
+#define APPLY_CHUNK_BF16 512
+static int apply_bf16(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen) {
+  const int n_src = t->src.n_layer, ws = (int)t->w_src, wd = (int)t->w_dst;
+  const int chunk = s->n < APPLY_CHUNK_BF16 ? (int)((s->n + 63) / 64 * 64) : APPLY_CHUNK_BF16;
+  const int hs = s->src_rope->head_dim / 2, hd = s->dst_rope->head_dim / 2;
+  const size_t per_pos = (size_t)n_src * (size_t)ws;
+  int64_t max_k = 0;
+  for (int32_t l = 0; l < t->dst.n_layer; l++)
+    for (int w = 0; w < 2; w++)
+      if ((int64_t)t->maps[l][w].nu * ws > max_k) max_k = (int64_t)t->maps[l][w].nu * ws;
+  uint8_t *use = calloc((size_t)n_src, 1);
+  uint16_t *ck = calloc((size_t)chunk * per_pos, sizeof(uint16_t)), *cv = calloc((size_t)chunk * per_pos, sizeof(uint16_t));
+  uint16_t *x = calloc((size_t)chunk * (size_t)max_k, sizeof(uint16_t)); /* gathered rows, non-consecutive sources */
+  float *tab = malloc((size_t)chunk * (size_t)(2 * hs + 2 * hd) * sizeof(float));
+  float *yk = malloc((size_t)chunk * (size_t)wd * sizeof(float)), *yv = malloc((size_t)chunk * (size_t)wd * sizeof(float));
+  float *row = malloc((size_t)chunk * 2 * (size_t)ws * sizeof(float)); /* a K and a V row per position */
+  int rc = 0;
+  if (!use || !ck || !cv || !x || !tab || !yk || !yv || !row) {
+    rc = kvl_errf(err, errlen, KVL_ENOMEM, "translating %d positions: out of memory for the scratch", (int)s->n);
+    goto out;
+  }
+  for (int32_t l = 0; l < t->dst.n_layer; l++)
+    for (int w = 0; w < 2; w++)
+      for (int j = 0; j < t->maps[l][w].nu; j++) use[t->maps[l][w].sources[j]] |= (uint8_t)(1u << w);
+  const int32_t *tables[] = {s->dst_table}, seq0 = 0;
+  float *scs = tab, *ssn = tab + (size_t)chunk * hs, *dcs = ssn + (size_t)chunk * hs, *dsn = dcs + (size_t)chunk * hd;
+  bool wrote = false;
+  for (int32_t i0 = 0; i0 < s->n; i0 += chunk) {
+    const int n = s->n - i0 < chunk ? (int)(s->n - i0) : chunk, m_rows = (n + 63) / 64 * 64;
+    const int32_t *sp = s->src_pos + i0, *dp = s->dst_pos + i0;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+      kvl_rope_table(s->src_rope, sp[i], scs + (size_t)i * hs, ssn + (size_t)i * hs);
+      kvl_rope_table(s->dst_rope, dp[i], dcs + (size_t)i * hd, dsn + (size_t)i * hd);
+      float *k = row + (size_t)i * 2 * ws, *v = k + ws;
+      for (int L = 0; L < n_src; L++) {
+        if (!use[L]) continue;
+        kvl_kv_load(s->src_layout, s->src_base, L, sp[i], s->src_table, use[L] & 1 ? k : NULL, use[L] & 2 ? v : NULL);
+        uint16_t *ok = ck + (size_t)i * per_pos + (size_t)L * ws, *ov = cv + (size_t)i * per_pos + (size_t)L * ws;
+        if (use[L] & 1) {
+          kvl_rope_tab(scs + (size_t)i * hs, ssn + (size_t)i * hs, k, 1, s->src_layout->n_kv_head,
+                       s->src_layout->head_dim, true);
+          for (int c = 0; c < ws; c++) ok[c] = kvl_fp32_to_bf16(k[c]);
+        }
+        if (use[L] & 2)
+          for (int c = 0; c < ws; c++) ov[c] = kvl_fp32_to_bf16(v[c]);
+      }
+    }
+    for (int32_t l = 0; l < t->dst.n_layer; l++) {
+      for (int w = 0; w < 2; w++) {
+        const struct kvl__tr_map *mp = &t->maps[l][w];
+        const uint16_t *c = w == KVL_TRANSLATOR_K ? ck : cv, *a;
+        const int64_t k = (int64_t)mp->nu * ws;
+        int64_t lda;
+        if (consecutive(mp)) {
+          a = c + (size_t)mp->sources[0] * ws;
+          lda = (int64_t)per_pos;
+        } else {
+#pragma omp parallel for schedule(static)
+          for (int i = 0; i < n; i++)
+            for (int j = 0; j < mp->nu; j++)
+              memcpy(x + (size_t)i * k + (size_t)j * ws, c + (size_t)i * per_pos + (size_t)mp->sources[j] * ws,
+                     (size_t)ws * sizeof(uint16_t));
+          a = x;
+          lda = k;
+        }
+        rc = kvl_gemm_bf16(m_rows, wd, k, a, lda, mp->wb, wd, mp->wbias, w == KVL_TRANSLATOR_K ? yk : yv, wd);
+        if (rc < 0) {
+          if (!wrote) goto out; /* KVL_ENOTSUP, nothing written: the caller computes in fp32 */
+          rc = kvl_errf(err, errlen, rc, "translating %d positions: the bf16 GEMM failed part-way", (int)s->n);
+          goto out;
+        }
+      }
+#pragma omp parallel for schedule(static)
+      for (int i = 0; i < n; i++) { /* rotate with the target's RoPE, store */
+        kvl_rope_tab(dcs + (size_t)i * hd, dsn + (size_t)i * hd, yk + (size_t)i * wd, 1, s->dst_layout->n_kv_head,
+                     s->dst_layout->head_dim, false);
+        kvl_kv_store(s->dst_layout, s->dst_base, (int)l, 1, yk + (size_t)i * wd, yv + (size_t)i * wd, dp + i, &seq0,
+                     tables);
+      }
+      wrote = true;
+    }
+  }
+out:
+  free(use);
+  free(ck);
+  free(cv);
+  free(x);
+  free(tab);
+  free(yk);
+  free(yv);
+  free(row);
+  return rc;
+}
+
 int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen) {
   int rc = check_span(t, s, err, errlen);
   if (rc < 0 || s->n == 0) return rc;
+  if (t->bf16) {
+    rc = apply_bf16(t, s, err, errlen);
+    if (rc != KVL_ENOTSUP) return rc;
+    rc = 0;
+  }
   const int n_src = t->src.n_layer, ws = (int)t->w_src, wd = (int)t->w_dst;
   const int chunk = s->n < APPLY_CHUNK ? (int)s->n : APPLY_CHUNK;
   const int hs = s->src_rope->head_dim / 2, hd = s->dst_rope->head_dim / 2;

@@ -16,6 +16,10 @@ struct kvl__tr_map {
   int32_t *sources;   /* nu ids */
   int64_t rows;       /* nu·w_S + affine */
   float *data;        /* (rows, w_T) row-major */
+  /* kvl_translator_use_bf16: the first nu·w_S rows rounded to bf16, the intercept row
+   * (affine) as an fp32 bias; NULL otherwise */
+  uint16_t *wb;
+  float *wbias;
 };
 
 struct kvl_translator {
@@ -25,6 +29,7 @@ struct kvl_translator {
   enum kvl_translator_dtype dtype;   /* as stored in the file (F32 when built) */
   int64_t w_src, w_dst;              /* KV widths n_kv_head·head_dim */
   struct kvl__tr_map (*maps)[2];     /* [n_layer_T][K, V] */
+  bool bf16;                         /* every slot has its bf16 copy (kvl_translator_use_bf16) */
   char *fit_json;                    /* NULL or a JSON object as text */
   char *scores_json;
 };

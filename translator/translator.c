@@ -90,6 +90,8 @@ void kvl_translator_free(kvl_translator_t *t) {
     for (int w = 0; w < 2; w++) {
       free(t->maps[l][w].sources);
       free(t->maps[l][w].data);
+      free(t->maps[l][w].wb);
+      free(t->maps[l][w].wbias);
     }
   free(t->maps);
   free(t->fit_json);
@@ -102,6 +104,11 @@ void kvl__tr_slot_put(kvl_translator_t *t, int32_t layer, enum kvl_translator_kv
   struct kvl__tr_map *m = &t->maps[layer][which];
   free(m->sources);
   free(m->data);
+  free(m->wb);
+  free(m->wbias);
+  m->wb = NULL;
+  m->wbias = NULL;
+  t->bf16 = false; /* a new map has no bf16 copy: back to fp32 until asked again */
   m->sources = sources;
   m->data = data;
   m->nu = nu;

@@ -33,7 +33,8 @@ static void usage(FILE *f) {
     "\n"
     "  -a, --model-a MODEL    first model (.gguf path or name in $KVLINGO_MODELS)\n"
     "  -b, --model-b MODEL    second model\n"
-    "  -t, --translator FILE  a translator between them, either direction (repeatable)\n"
+    "  -t, --translator FILE  a translator between them, either direction (repeatable);\n"
+    "                         FILE:bf16 scores it with its products in bf16\n"
     "      --corpus FILE      corpus split (default translator/corpus/split.tsv)\n"
     "      --domains LIST     code,prose (default both)\n"
     "      --samples N        held-out samples per domain (default 24)\n"
@@ -66,7 +67,8 @@ struct model_side {
 };
 
 struct tr_entry {
-  const char *path;
+  char path[4096];
+  bool bf16;      /* "FILE:bf16": its products in bf16 (kvl_translator_use_bf16) */
   char name[256];
   kvl_translator_t *t;
   int src, dst;   /* indices into the two sides */
@@ -141,7 +143,16 @@ int kvl_cli_eval(int argc, char **argv) {
     switch (c) {
     case 'a': arg_a = optarg; break;
     case 'b': arg_b = optarg; break;
-    case 't': tr[nt++].path = optarg; break;
+    case 't': {
+      struct tr_entry *e = &tr[nt++];
+      snprintf(e->path, sizeof(e->path), "%s", optarg);
+      size_t len = strlen(e->path);
+      if (len > 5 && strcmp(e->path + len - 5, ":bf16") == 0) {
+        e->path[len - 5] = 0;
+        e->bf16 = true;
+      }
+      break;
+    }
     case 'o': out = optarg; break;
     case O_CORPUS: corpus = optarg; break;
     case O_DOMAINS: domains = optarg; break;
@@ -172,6 +183,10 @@ int kvl_cli_eval(int argc, char **argv) {
     snprintf(tr[i].name, sizeof(tr[i].name), "%s", b ? b + 1 : tr[i].path);
     char *dot = strstr(tr[i].name, ".safetensors");
     if (dot) *dot = 0;
+    if (tr[i].bf16) {
+      if ((rc = kvl_translator_use_bf16(tr[i].t, true, err, sizeof(err))) < 0) break;
+      snprintf(tr[i].name + strlen(tr[i].name), sizeof(tr[i].name) - strlen(tr[i].name), "+bf16");
+    }
     char e2[512];
     if (kvl_translator_check_models(tr[i].t, &S[0].fp, &S[1].fp, err, sizeof(err)) == 0) tr[i].src = 0;
     else if (kvl_translator_check_models(tr[i].t, &S[1].fp, &S[0].fp, e2, sizeof(e2)) == 0) tr[i].src = 1;
@@ -400,6 +415,11 @@ int kvl_cli_eval(int argc, char **argv) {
   }
   json_object_set_new(res, "seconds", json_real(kvl_cli_now() - t_start));
   for (int i = 0; i < nt && write_scores; i++) {
+    if (tr[i].bf16) {
+      fprintf(stderr, "eval: %s: scores of the bf16 products are not stored (the file's scores are fp32's)\n",
+              tr[i].path);
+      continue;
+    }
     json_t *e = json_object_get(trj, tr[i].name), *sc = json_pack("{s:s,s:i,s:i,s:i,s:i}", "split", "heldout",
                                                                    "samples", n_samples, "prefix", n, "cont", m,
                                                                    "native_prefix", native);

@@ -253,3 +253,101 @@ int kvl__bf16_matmul(const struct kvl__simd *s, const struct kvl_weight *w, cons
   free(yb);
   return rc;
 }
+
+/* ---- kvl_gemm_bf16: plain bf16 operands (translation's products) -------------------- */
+
+struct gprim {
+  int64_t M, N, K, lda, ldb;
+  bool bias;
+  dnnl_primitive_t p;
+};
+
+static struct {
+  struct gprim prims[MAX_PRIMS];
+  int n;
+} gg; /* under g.mu */
+
+bool kvl_gemm_bf16_usable(void) { return kvl__bf16_gemm_usable(); }
+
+static int gemm_descs(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, dnnl_memory_desc_t *a,
+                      dnnl_memory_desc_t *b, dnnl_memory_desc_t *bias, dnnl_memory_desc_t *c, int64_t ldc) {
+  dnnl_dims_t ad = {M, K}, bd = {K, N}, cd = {M, N}, zd = {1, N};
+  dnnl_dims_t as = {lda, 1}, bs = {ldb, 1}, cs = {ldc, 1};
+  dnnl_status_t st;
+  if ((st = dnnl_memory_desc_init_by_strides(a, 2, ad, dnnl_bf16, as)) != dnnl_success ||
+      (st = dnnl_memory_desc_init_by_strides(b, 2, bd, dnnl_bf16, bs)) != dnnl_success ||
+      (st = dnnl_memory_desc_init_by_tag(bias, 2, zd, dnnl_f32, dnnl_ab)) != dnnl_success ||
+      (st = dnnl_memory_desc_init_by_strides(c, 2, cd, dnnl_f32, cs)) != dnnl_success) {
+    warn_once("gemm memory descriptors", st);
+    return KVL_ENOTSUP;
+  }
+  return 0;
+}
+
+/* The primitive for one shape (under g.mu); C's leading dimension is N. */
+static struct gprim *gprim_for(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, bool bias) {
+  for (int i = 0; i < gg.n; i++) {
+    struct gprim *q = &gg.prims[i];
+    if (q->M == M && q->N == N && q->K == K && q->lda == lda && q->ldb == ldb && q->bias == bias) return q;
+  }
+  if (gg.n == MAX_PRIMS) return NULL;
+  dnnl_memory_desc_t a, b, z, c;
+  if (gemm_descs(M, N, K, lda, ldb, &a, &b, &z, &c, N) < 0) return NULL;
+  dnnl_matmul_desc_t mm;
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_primitive_t p = NULL;
+  dnnl_status_t st;
+  if ((st = dnnl_matmul_desc_init(&mm, &a, &b, bias ? &z : NULL, &c)) != dnnl_success ||
+      (st = dnnl_primitive_desc_create(&pd, &mm, NULL, g.eng, NULL)) != dnnl_success) {
+    warn_once("gemm primitive", st);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    return NULL;
+  }
+  /* oneDNN's reference matmul would be orders of magnitude slower than our fp32 path */
+  const char *impl = NULL;
+  if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl ||
+      strncmp(impl, "ref", 3) == 0 || (st = dnnl_primitive_create(&p, pd)) != dnnl_success) {
+    warn_once(impl && strncmp(impl, "ref", 3) == 0 ? "gemm primitive: only oneDNN's reference" : "gemm primitive",
+              st);
+    dnnl_primitive_desc_destroy(pd);
+    return NULL;
+  }
+  dnnl_primitive_desc_destroy(pd);
+  struct gprim *q = &gg.prims[gg.n++];
+  *q = (struct gprim){M, N, K, lda, ldb, bias, p};
+  return q;
+}
+
+int kvl_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+                  const float *bias, float *C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return 0;
+  if (!kvl__bf16_gemm_usable() || ldc != N) return KVL_ENOTSUP;
+  pthread_mutex_lock(&g.mu);
+  struct gprim *q = gprim_for(M, N, K, lda, ldb, bias != NULL);
+  int rc = q ? 0 : KVL_ENOTSUP;
+  dnnl_memory_desc_t a, b, z, c;
+  dnnl_memory_t ma = NULL, mb = NULL, mz = NULL, mc = NULL;
+  dnnl_status_t st = dnnl_success;
+  if (rc == 0 && gemm_descs(M, N, K, lda, ldb, &a, &b, &z, &c, ldc) < 0) rc = KVL_ENOTSUP;
+  if (rc == 0 && ((st = dnnl_memory_create(&ma, &a, g.eng, (void *)A)) != dnnl_success ||
+                  (st = dnnl_memory_create(&mb, &b, g.eng, (void *)B)) != dnnl_success ||
+                  (bias && (st = dnnl_memory_create(&mz, &z, g.eng, (void *)bias)) != dnnl_success) ||
+                  (st = dnnl_memory_create(&mc, &c, g.eng, C)) != dnnl_success)) {
+    warn_once("gemm memory", st);
+    rc = KVL_ENOTSUP;
+  }
+  if (rc == 0) {
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_BIAS, mz}};
+    if ((st = dnnl_primitive_execute(q->p, g.stream, bias ? 4 : 3, args)) != dnnl_success ||
+        (st = dnnl_stream_wait(g.stream)) != dnnl_success) {
+      warn_once("gemm", st);
+      rc = KVL_ENOTSUP;
+    }
+  }
+  pthread_mutex_unlock(&g.mu);
+  if (ma) dnnl_memory_destroy(ma);
+  if (mb) dnnl_memory_destroy(mb);
+  if (mz) dnnl_memory_destroy(mz);
+  if (mc) dnnl_memory_destroy(mc);
+  return rc;
+}

@@ -179,6 +179,17 @@ void kvl_attention(kvl_backend_t *be, const struct kvl_attn_args *a);
 void kvl_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* C[M][N] = A·B (+ bias[N]) with A [M][K] and B [K][N] in bf16, row-major with leading
+ * dimensions lda and ldb, accumulated in fp32 into C [M][N] (ldc = N): oneDNN's matmul on
+ * AVX512-BF16, or on AMX tiles where present (cpu/gemm_bf16.c). The products of
+ * translation when its maps are kept in bf16 (kvl_translator_use_bf16). Each distinct
+ * (M, N, K, lda, ldb, bias) compiles one primitive, kept for the process (at most 64):
+ * callers round M to a few sizes. kvl_gemm_bf16_usable() says whether this processor can;
+ * kvl_gemm_bf16 returns 0, or KVL_ENOTSUP when it cannot (compute it in fp32 then). */
+bool kvl_gemm_bf16_usable(void);
+int kvl_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+                  const float *bias, float *C, int64_t ldc);
+
 /* ---- scalar references (kernels/ref/): plain C, double accumulation ---------------- */
 
 void kvl_matmul_ref(const struct kvl_weight *w, const float *x, float *y, int n_tokens);

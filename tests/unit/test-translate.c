@@ -7,6 +7,7 @@
 #include "../tiny_fingerprint.h"
 #include "../tiny_model.h"
 #include "kvl_error.h"
+#include "kvl_kernels.h"
 #include "kvl_model.h"
 #include "kvl_kvpool.h"
 #include "kvl_translator.h"
@@ -315,6 +316,34 @@ static void test_kernel_vs_ref(void) {
   printf("  kernel vs reference (ν = 2, affine, 2×2×16 -> 3×2×8, %d positions): max rel error %.2e (|max| %.2f)\n",
          N, e, mag);
   CHECK(e < 1e-5 && mag > 1);
+  /* the bf16 products (kvl_translator_use_bf16): every input and map entry rounded to bf16
+   * (relative error <= 2^-9 each), fp32 accumulation. RMS relative error expected
+   * ~2^-9 = 2e-3; bounded at 8e-3 RMS and 3e-2 at the worst element. One map reads its
+   * sources in order (a strided view), the other reversed (gathered): both paths run. */
+  if (kvl_gemm_bf16_usable()) {
+    void *d3 = calloc(NB + 1, kvl_kv_block_bytes(&dl));
+    struct kvl_translate_span sp3 = sp1;
+    sp3.dst_base = d3;
+    CHECK_EQ_INT(kvl_translator_use_bf16(t, true, err, sizeof(err)), 0);
+    CHECK(kvl_translator_is_bf16(t));
+    CHECK_EQ_INT(kvl_translator_apply(t, &sp3, err, sizeof(err)), 0);
+    double d2s = 0, r2s = 0;
+    for (size_t i = 0; i < nf; i++) {
+      double a = ((float *)d3)[i], b = ((float *)d2)[i];
+      d2s += (a - b) * (a - b), r2s += b * b;
+    }
+    double eb = max_rel(d3, d2, nf), rms = sqrt(d2s / r2s);
+    printf("  bf16 products vs reference: RMS relative error %.2e, max rel error %.2e\n", rms, eb);
+    CHECK(rms < 8e-3 && eb < 3e-2 && rms > 0);
+    /* setting a map returns the translator to fp32 (its bf16 copy would be stale) */
+    CHECK_EQ_INT(kvl_translator_set_map(t, 0, KVL_TRANSLATOR_K, (int32_t[]){0, 1}, 2, map), 0);
+    CHECK(!kvl_translator_is_bf16(t));
+    free(d3);
+  } else {
+    printf("  bf16 products: this processor has no bf16 GEMM (AVX512-BF16 or AMX); use_bf16 refuses\n");
+    CHECK_EQ_INT(kvl_translator_use_bf16(t, true, err, sizeof(err)), KVL_ENOTSUP);
+    CHECK(!kvl_translator_is_bf16(t));
+  }
   free(k);
   free(v);
   free(map);

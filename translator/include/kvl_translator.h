@@ -210,14 +210,29 @@ struct kvl_translate_span {
  * k_sources at src_pos[i], rotate them back with the source RoPE (pre-RoPE keys: exact
  * for architectures without a k-norm), concatenate (+ a 1 when affine), multiply by
  * K_ℓ, rotate with the target RoPE at dst_pos[i]; V likewise without RoPE; store both
- * at dst_pos[i] of the target cache. Batched: per layer, tokens in chunks, one sgemm
- * per chunk and map (OpenBLAS). Maps applied in fp32; the caches may be fp32 or bf16.
+ * at dst_pos[i] of the target cache. Batched: per layer, tokens in chunks, one GEMM
+ * per chunk and map (kvl_sgemm in fp32; kvl_gemm_bf16 after kvl_translator_use_bf16).
+ * The caches may be fp32 or bf16.
  * Only the target positions are written. Returns 0, KVL_EINVAL (NULL pointer, negative
  * n or position, RoPE head_dim not the layout's), KVL_EMISMATCH (a layout that does not
  * fit the translator's fingerprints), KVL_ENOENT (a map not set), KVL_ENOTSUP (an
  * architecture other than qwen2: k-norm targets are not supported yet) or KVL_ENOMEM,
  * each with a message; on failure nothing is written. */
 int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen);
+
+/* Apply this translator's products in bf16 from now on (on = true), or in fp32 again:
+ * the maps are rounded to bf16 once, here (the intercept row stays fp32, as the GEMM's
+ * bias), the source rows (un-rotated keys, values) at each apply; products accumulate in
+ * fp32. About 2x faster where the processor has AVX512-BF16 or AMX (kvl_gemm_bf16), at
+ * the price of those roundings (docs/translators.md, "Precision"); a translator between a
+ * model and itself is then no longer exactly the identity. Returns 0, KVL_ENOTSUP (this
+ * processor cannot: the translator stays fp32) or KVL_ENOMEM. Setting a map afterwards
+ * (kvl_translator_set_map) returns the translator to fp32; maps changed in place through
+ * kvl_translator_get_map are not seen by the bf16 copy — call this after the maps are
+ * final. */
+int kvl_translator_use_bf16(kvl_translator_t *t, bool on, char *err, size_t errlen);
+/* Whether apply runs in bf16 (kvl_translator_use_bf16 took effect). */
+bool kvl_translator_is_bf16(const kvl_translator_t *t);
 
 /* The same, one token and one layer at a time, with double accumulation and the scalar
  * RoPE reference: the slow truth for tests. */
