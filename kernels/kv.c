@@ -69,6 +69,47 @@ void kvl_kv_load(const struct kvl_kv_layout *l, const void *base, int layer, int
   if (v) get_row(l->dtype, (const uint8_t *)kvl_kv_v_ptr(l, (void *)base, blk, layer) + off, v, kvw);
 }
 
+void kvl_kv_load_unrotated_bf16(const struct kvl_kv_layout *l, const void *base, int layer, int32_t pos,
+                                const int32_t *block_table, const float *cos_t, const float *sin_t, uint16_t *k,
+                                uint16_t *v) {
+  const int d = l->head_dim, h2 = d / 2, kvw = l->n_kv_head * d;
+  const int32_t blk = block_table[pos / KVL_KV_BLOCK];
+  const size_t off = (size_t)(pos % KVL_KV_BLOCK) * (size_t)kvw * elem_size(l->dtype);
+  const uint8_t *kp = (const uint8_t *)kvl_kv_k_ptr(l, (void *)base, blk, layer) + off;
+  const uint8_t *vp = (const uint8_t *)kvl_kv_v_ptr(l, (void *)base, blk, layer) + off;
+  if (v) {
+    if (l->dtype == KVL_KV_BF16) {
+      memcpy(v, vp, (size_t)kvw * sizeof(uint16_t));
+    } else {
+      const float *s = (const float *)vp;
+#pragma omp simd
+      for (int i = 0; i < kvw; i++) v[i] = kvl_fp32_to_bf16(s[i]);
+    }
+  }
+  if (!k) return;
+  for (int h = 0; h < l->n_kv_head; h++) {
+    uint16_t *o = k + (size_t)h * d;
+    /* kvl_rope_tab's inverse: x[i] c - x[i+h2] (-s), x[i] (-s) + x[i+h2] c (no contraction) */
+    if (l->dtype == KVL_KV_BF16) {
+      const uint16_t *x = (const uint16_t *)kp + (size_t)h * d;
+#pragma omp simd
+      for (int i = 0; i < h2; i++) {
+        const float a = kvl_bf16_to_fp32(x[i]), b = kvl_bf16_to_fp32(x[i + h2]), si = -sin_t[i];
+        o[i] = kvl_fp32_to_bf16(a * cos_t[i] - b * si);
+        o[i + h2] = kvl_fp32_to_bf16(a * si + b * cos_t[i]);
+      }
+    } else {
+      const float *x = (const float *)kp + (size_t)h * d;
+#pragma omp simd
+      for (int i = 0; i < h2; i++) {
+        const float a = x[i], b = x[i + h2], si = -sin_t[i];
+        o[i] = kvl_fp32_to_bf16(a * cos_t[i] - b * si);
+        o[i + h2] = kvl_fp32_to_bf16(a * si + b * cos_t[i]);
+      }
+    }
+  }
+}
+
 int kvl_rope_init(struct kvl_rope *r, int head_dim, float theta) {
   if (head_dim <= 0 || head_dim % 2 || head_dim / 2 > 256 || !(theta > 1.0f)) return KVL_EINVAL;
   r->head_dim = head_dim;

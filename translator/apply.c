@@ -140,9 +140,8 @@ static int apply_bf16(const kvl_translator_t *t, const struct kvl_translate_span
   uint16_t *x = calloc((size_t)chunk * (size_t)max_k, sizeof(uint16_t)); /* gathered rows, non-consecutive sources */
   float *tab = malloc((size_t)chunk * (size_t)(2 * hs + 2 * hd) * sizeof(float));
   float *yk = malloc((size_t)chunk * (size_t)wd * sizeof(float)), *yv = malloc((size_t)chunk * (size_t)wd * sizeof(float));
-  float *row = malloc((size_t)chunk * 2 * (size_t)ws * sizeof(float)); /* a K and a V row per position */
   int rc = 0;
-  if (!use || !ck || !cv || !x || !tab || !yk || !yv || !row) {
+  if (!use || !ck || !cv || !x || !tab || !yk || !yv) {
     rc = kvl_errf(err, errlen, KVL_ENOMEM, "translating %d positions: out of memory for the scratch", (int)s->n);
     goto out;
   }
@@ -159,19 +158,12 @@ static int apply_bf16(const kvl_translator_t *t, const struct kvl_translate_span
     for (int i = 0; i < n; i++) {
       kvl_rope_table(s->src_rope, sp[i], scs + (size_t)i * hs, ssn + (size_t)i * hs);
       kvl_rope_table(s->dst_rope, dp[i], dcs + (size_t)i * hd, dsn + (size_t)i * hd);
-      float *k = row + (size_t)i * 2 * ws, *v = k + ws;
-      for (int L = 0; L < n_src; L++) {
-        if (!use[L]) continue;
-        kvl_kv_load(s->src_layout, s->src_base, L, sp[i], s->src_table, use[L] & 1 ? k : NULL, use[L] & 2 ? v : NULL);
-        uint16_t *ok = ck + (size_t)i * per_pos + (size_t)L * ws, *ov = cv + (size_t)i * per_pos + (size_t)L * ws;
-        if (use[L] & 1) {
-          kvl_rope_tab(scs + (size_t)i * hs, ssn + (size_t)i * hs, k, 1, s->src_layout->n_kv_head,
-                       s->src_layout->head_dim, true);
-          for (int c = 0; c < ws; c++) ok[c] = kvl_fp32_to_bf16(k[c]);
-        }
-        if (use[L] & 2)
-          for (int c = 0; c < ws; c++) ov[c] = kvl_fp32_to_bf16(v[c]);
-      }
+      for (int L = 0; L < n_src; L++)
+        if (use[L])
+          kvl_kv_load_unrotated_bf16(s->src_layout, s->src_base, L, sp[i], s->src_table, scs + (size_t)i * hs,
+                                     ssn + (size_t)i * hs,
+                                     use[L] & 1 ? ck + (size_t)i * per_pos + (size_t)L * ws : NULL,
+                                     use[L] & 2 ? cv + (size_t)i * per_pos + (size_t)L * ws : NULL);
     }
     for (int32_t l = 0; l < t->dst.n_layer; l++) {
       for (int w = 0; w < 2; w++) {
@@ -216,7 +208,6 @@ out:
   free(tab);
   free(yk);
   free(yv);
-  free(row);
   return rc;
 }
 

@@ -109,6 +109,13 @@ void kvl_kv_store(const struct kvl_kv_layout *l, void *base, int layer, int n_to
 /* Read back the K and V rows of one position (fp32), e.g. to un-rotate keys. */
 void kvl_kv_load(const struct kvl_kv_layout *l, const void *base, int layer, int32_t pos,
                  const int32_t *block_table, float *k, float *v);
+/* The same as bf16, the keys rotated back first (inverse RoPE with this position's
+ * tables, head_dim / 2 each, from kvl_rope_table): translation's source rows. The same
+ * bits as kvl_kv_load + kvl_rope_tab(inverse) + rounding to bf16; values are copied as
+ * they are when the cache is bf16. Either output may be NULL. */
+void kvl_kv_load_unrotated_bf16(const struct kvl_kv_layout *l, const void *base, int layer, int32_t pos,
+                                const int32_t *block_table, const float *cos_t, const float *sin_t, uint16_t *k,
+                                uint16_t *v);
 
 /* ---- backends ---------------------------------------------------------------------- */
 

@@ -353,6 +353,41 @@ static void test_kernel_vs_ref(void) {
   kvl_translator_free(t);
 }
 
+/* kvl_kv_load_unrotated_bf16 (the bf16 path's source rows) gives the bits of
+ * kvl_kv_load + kvl_rope_tab(inverse) + rounding to bf16, on bf16 and fp32 caches. */
+static void test_load_unrotated(void) {
+  struct kvl_rope r;
+  CHECK_EQ_INT(kvl_rope_init(&r, 16, 1e6f), 0);
+  unsigned long long s = 99;
+  int bad = 0, n = 0;
+  for (int dt = 0; dt < 2; dt++) {
+    struct kvl_kv_layout l = {2, 3, 16, dt ? KVL_KV_F32 : KVL_KV_BF16};
+    const int w = 3 * 16;
+    void *pool = calloc(4, kvl_kv_block_bytes(&l));
+    int32_t table[4] = {2, 0, 3, 1}, seq0 = 0;
+    const int32_t *tabs[] = {table};
+    float k[48], v[48], c[8], sn[8];
+    uint16_t kb[48], vb[48];
+    for (int layer = 0; layer < 2; layer++)
+      for (int32_t p = 0; p < 64; p++) {
+        for (int i = 0; i < w; i++) { k[i] = kvl_test_randf(&s) * 4; v[i] = kvl_test_randf(&s); }
+        kvl_kv_store(&l, pool, layer, 1, k, v, &p, &seq0, tabs);
+      }
+    for (int layer = 0; layer < 2; layer++)
+      for (int32_t p = 0; p < 64; p += 5) {
+        kvl_rope_table(&r, p * 37 + 1, c, sn);
+        kvl_kv_load(&l, pool, layer, p, table, k, v);
+        kvl_rope_tab(c, sn, k, 1, 3, 16, true);
+        kvl_kv_load_unrotated_bf16(&l, pool, layer, p, table, c, sn, kb, vb);
+        for (int i = 0; i < w; i++, n++)
+          bad += kb[i] != kvl_fp32_to_bf16(k[i]) || vb[i] != kvl_fp32_to_bf16(v[i]);
+      }
+    free(pool);
+  }
+  printf("  un-rotated bf16 source rows: %d of %d elements differ from load + inverse RoPE + rounding\n", bad, n);
+  CHECK(bad == 0 && n > 1000);
+}
+
 static void test_refusals(void) {
   char err[256];
   kvl_translator_t *t;
@@ -485,6 +520,7 @@ int main(void) {
   RUN(test_orthogonal);
   RUN(test_shifted);
   RUN(test_kernel_vs_ref);
+  RUN(test_load_unrotated);
   RUN(test_refusals);
   RUN(test_pool_lines);
   for (int l = 0; l < 2; l++) { free(g_kpre[l]); free(g_v[l]); }
