@@ -61,6 +61,28 @@ static int check_span(const kvl_translator_t *t, const struct kvl_translate_span
   return 0;
 }
 
+/* Which source layers the K maps (bit 0) and the V maps (bit 1) read: each is loaded once
+ * per chunk, however many maps read it (with ν = 4, a source layer serves about four). */
+static void mark_sources(const kvl_translator_t *t, uint8_t *use) {
+  for (int32_t l = 0; l < t->dst.n_layer; l++)
+    for (int w = 0; w < 2; w++)
+      for (int j = 0; j < t->maps[l][w].nu; j++) use[t->maps[l][w].sources[j]] |= (uint8_t)(1u << w);
+}
+
+/* Target layer l of n positions: keys rotated with the target's RoPE (tables dcs, dsn),
+ * both stored at dp[i]. */
+static void rotate_store(const struct kvl_translate_span *s, int l, int n, const float *dcs, const float *dsn, float *yk,
+                         const float *yv, int wd, const int32_t *dp) {
+  const int hd = s->dst_rope->head_dim / 2;
+  const int32_t *tables[] = {s->dst_table}, seq0 = 0;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; i++) {
+    kvl_rope_tab(dcs + (size_t)i * hd, dsn + (size_t)i * hd, yk + (size_t)i * wd, 1, s->dst_layout->n_kv_head,
+                 s->dst_layout->head_dim, false);
+    kvl_kv_store(s->dst_layout, s->dst_base, l, 1, yk + (size_t)i * wd, yv + (size_t)i * wd, dp + i, &seq0, tables);
+  }
+}
+
 /* y[n][w_T] = the map's input rows times the map: the chunk's rows of its ν source layers
  * (cached: [layer][chunk][w_S]) side by side in x[n][rows], then a 1 when affine; one
  * sgemm over all rows (one deep product runs near the GEMM's peak, ν shallow ones do not). */
@@ -145,10 +167,7 @@ static int apply_bf16(const kvl_translator_t *t, const struct kvl_translate_span
     rc = kvl_errf(err, errlen, KVL_ENOMEM, "translating %d positions: out of memory for the scratch", (int)s->n);
     goto out;
   }
-  for (int32_t l = 0; l < t->dst.n_layer; l++)
-    for (int w = 0; w < 2; w++)
-      for (int j = 0; j < t->maps[l][w].nu; j++) use[t->maps[l][w].sources[j]] |= (uint8_t)(1u << w);
-  const int32_t *tables[] = {s->dst_table}, seq0 = 0;
+  mark_sources(t, use);
   float *scs = tab, *ssn = tab + (size_t)chunk * hs, *dcs = ssn + (size_t)chunk * hs, *dsn = dcs + (size_t)chunk * hd;
   bool wrote = false;
   for (int32_t i0 = 0; i0 < s->n; i0 += chunk) {
@@ -190,13 +209,7 @@ static int apply_bf16(const kvl_translator_t *t, const struct kvl_translate_span
           goto out;
         }
       }
-#pragma omp parallel for schedule(static)
-      for (int i = 0; i < n; i++) { /* rotate with the target's RoPE, store */
-        kvl_rope_tab(dcs + (size_t)i * hd, dsn + (size_t)i * hd, yk + (size_t)i * wd, 1, s->dst_layout->n_kv_head,
-                     s->dst_layout->head_dim, false);
-        kvl_kv_store(s->dst_layout, s->dst_base, (int)l, 1, yk + (size_t)i * wd, yv + (size_t)i * wd, dp + i, &seq0,
-                     tables);
-      }
+      rotate_store(s, (int)l, n, dcs, dsn, yk, yv, wd, dp);
       wrote = true;
     }
   }
@@ -222,9 +235,7 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
   const int n_src = t->src.n_layer, ws = (int)t->w_src, wd = (int)t->w_dst;
   const int chunk = s->n < APPLY_CHUNK ? (int)s->n : APPLY_CHUNK;
   const int hs = s->src_rope->head_dim / 2, hd = s->dst_rope->head_dim / 2;
-  /* which source layers the K and the V maps read: each is loaded once per chunk, however
-   * many maps read it (with ν = 4, a source layer serves about four maps) */
-  uint8_t *use = calloc((size_t)n_src, 1); /* bit 0: K, bit 1: V */
+  uint8_t *use = calloc((size_t)n_src, 1); /* mark_sources */
   float *ck = malloc((size_t)n_src * chunk * ws * sizeof(float)), *cv = malloc((size_t)n_src * chunk * ws * sizeof(float));
   int64_t max_rows = 0;
   for (int32_t l = 0; l < t->dst.n_layer; l++)
@@ -237,10 +248,7 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
     rc = kvl_errf(err, errlen, KVL_ENOMEM, "translating %d positions: out of memory for the scratch", (int)s->n);
     goto out;
   }
-  for (int32_t l = 0; l < t->dst.n_layer; l++)
-    for (int w = 0; w < 2; w++)
-      for (int j = 0; j < t->maps[l][w].nu; j++) use[t->maps[l][w].sources[j]] |= (uint8_t)(1u << w);
-  const int32_t *tables[] = {s->dst_table}, seq0 = 0;
+  mark_sources(t, use);
   float *scs = tab, *ssn = tab + (size_t)chunk * hs, *dcs = ssn + (size_t)chunk * hs, *dsn = dcs + (size_t)chunk * hd;
   for (int32_t i0 = 0; i0 < s->n; i0 += chunk) {
     const int n = s->n - i0 < chunk ? (int)(s->n - i0) : chunk;
@@ -262,13 +270,7 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
     for (int32_t l = 0; l < t->dst.n_layer; l++) {
       product(t, &t->maps[l][KVL_TRANSLATOR_K], ck, chunk, n, x, yk);
       product(t, &t->maps[l][KVL_TRANSLATOR_V], cv, chunk, n, x, yv);
-#pragma omp parallel for schedule(static)
-      for (int i = 0; i < n; i++) { /* rotate with the target's RoPE, store */
-        kvl_rope_tab(dcs + (size_t)i * hd, dsn + (size_t)i * hd, yk + (size_t)i * wd, 1, s->dst_layout->n_kv_head,
-                     s->dst_layout->head_dim, false);
-        kvl_kv_store(s->dst_layout, s->dst_base, (int)l, 1, yk + (size_t)i * wd, yv + (size_t)i * wd, dp + i, &seq0,
-                     tables);
-      }
+      rotate_store(s, (int)l, n, dcs, dsn, yk, yv, wd, dp);
     }
   }
 out:
