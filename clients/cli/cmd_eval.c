@@ -180,7 +180,7 @@ int kvl_cli_eval(int argc, char **argv) {
   for (int i = 0; i < nt && rc == 0; i++) {
     if ((rc = kvl_translator_load(tr[i].path, &tr[i].t, err, sizeof(err))) < 0) break;
     const char *b = strrchr(tr[i].path, '/');
-    snprintf(tr[i].name, sizeof(tr[i].name), "%s", b ? b + 1 : tr[i].path);
+    snprintf(tr[i].name, sizeof(tr[i].name), "%.200s", b ? b + 1 : tr[i].path); /* room for "+bf16" */
     char *dot = strstr(tr[i].name, ".safetensors");
     if (dot) *dot = 0;
     if (tr[i].bf16) {
