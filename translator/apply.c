@@ -145,8 +145,9 @@ static bool consecutive(const struct kvl__tr_map *mp) {
  * [position][source layer][w_S] (bf16), so the ν consecutive layers a map reads are one
  * matrix with leading dimension n_S·w_S; one kvl_gemm_bf16 per map and chunk, its M
  * rounded up to a multiple of 64 (few primitive shapes; the rows past the span are
- * scratch, computed and dropped). Returns KVL_ENOTSUP if a product was refused before
- * anything was written (the caller runs the fp32 path), else 0 or KVL_ENOMEM. */
+ * scratch, computed and dropped). Returns 0, KVL_ENOMEM, or KVL_ENOTSUP if a product
+ * was refused: the caller then runs the fp32 path, which rewrites every position and layer
+ * of the span. */
 #define APPLY_CHUNK_BF16 512
 static int apply_bf16(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen) {
   const int n_src = t->src.n_layer, ws = (int)t->w_src, wd = (int)t->w_dst;
@@ -169,7 +170,6 @@ static int apply_bf16(const kvl_translator_t *t, const struct kvl_translate_span
   }
   mark_sources(t, use);
   float *scs = tab, *ssn = tab + (size_t)chunk * hs, *dcs = ssn + (size_t)chunk * hs, *dsn = dcs + (size_t)chunk * hd;
-  bool wrote = false;
   for (int32_t i0 = 0; i0 < s->n; i0 += chunk) {
     const int n = s->n - i0 < chunk ? (int)(s->n - i0) : chunk, m_rows = (n + 63) / 64 * 64;
     const int32_t *sp = s->src_pos + i0, *dp = s->dst_pos + i0;
@@ -203,14 +203,12 @@ static int apply_bf16(const kvl_translator_t *t, const struct kvl_translate_span
           lda = k;
         }
         rc = kvl_gemm_bf16(m_rows, wd, k, a, lda, mp->wb, wd, mp->wbias, w == KVL_TRANSLATOR_K ? yk : yv, wd);
-        if (rc < 0) {
-          if (!wrote) goto out; /* KVL_ENOTSUP, nothing written: the caller computes in fp32 */
-          rc = kvl_errf(err, errlen, rc, "translating %d positions: the bf16 GEMM failed part-way", (int)s->n);
+        if (rc < 0) { /* the caller computes the whole span in fp32, over whatever was written */
+          rc = KVL_ENOTSUP;
           goto out;
         }
       }
       rotate_store(s, (int)l, n, dcs, dsn, yk, yv, wd, dp);
-      wrote = true;
     }
   }
 out:

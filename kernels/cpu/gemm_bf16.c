@@ -14,7 +14,10 @@
  * (K, N) — the last block padded with zero rows — and a position's result does not depend
  * on how its prefill was chunked. Activations are rounded to bf16, products accumulate in
  * fp32. Anything oneDNN refuses returns an error (the caller falls back to fp32); the
- * first reason is printed once. */
+ * first reason is printed once.
+ *
+ * Also kvl_gemm_bf16 (kvl_kernels.h): the same matmul on plain bf16 operands the caller
+ * owns (translation's bf16 maps and source rows), one cached primitive per shape. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
