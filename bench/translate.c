@@ -102,6 +102,10 @@ int main(int argc, char **argv) {
     }
   }
   if (runs < 1) return 2;
+  if (strcmp(precision, "fp32") && strcmp(precision, "bf16") && strcmp(precision, "both")) {
+    fprintf(stderr, "bench-translate: --precision: expected fp32, bf16 or both, got '%s'\n", precision);
+    return 2;
+  }
   if (bw <= 0) bw = roofline_value("roofline-bandwidth");
   double flops_peak = roofline_value("roofline-flops");
   char err[512];
