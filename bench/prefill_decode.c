@@ -8,6 +8,12 @@
  *          weight bytes read per token x tokens/s / bandwidth: how close decode runs to
  *          the memory-bound limit (KV reads, small at these lengths, are not counted).
  *
+ * pp rows carry roofline_pct too: the matmul operations of the transformer blocks per
+ * token (2 x their weights; attention and the once-per-forward output head are not
+ * counted) x tokens/s / the arithmetic peak of the data type the backend's prefill
+ * matmuls run in (peak.h; int8 dot products on the int8 levels, bf16 on avx512bf16, fp32
+ * otherwise), measured by this program before the models run (or given with --peak).
+ *
  * Token ids are fixed pseudo-random ids in [1000, 20000) (no tokenizer): speed does not
  * depend on which tokens are fed. Each figure is the median of -r runs; pp runs after
  * one untimed warm-up forward (which also faults the mapped weights in). Writes
@@ -28,6 +34,7 @@
 #include <omp.h>
 
 #include "bench_common.h"
+#include "peak.h"
 #include "kvl_error.h"
 #include "kvl_kernels.h"
 #include "kvl_model.h"
@@ -54,6 +61,8 @@ struct bench_opts {
   int runs;                       /* timed runs per figure */
   enum kvl_kv_dtype kv;           /* KV cache storage */
   double bw_gbps;                 /* memory bandwidth for roofline_pct; 0 = not given */
+  double peak_gops;               /* arithmetic peak of the prefill's dtype; 0 = none */
+  const struct kvl_bench_peak *peak; /* the probe it was measured with, if measured */
   const char *out;                /* results directory */
   bool cuda;                      /* --backend cuda */
 };
@@ -88,6 +97,33 @@ static uint64_t weight_bytes_per_token(const kvl_model_t *m) {
     else sum += t->nbytes;
   }
   return sum;
+}
+
+/* Operations of one token's pass through the transformer blocks' matmuls: 2 per weight
+ * of every blk.* matrix. */
+static double block_ops_per_token(const kvl_model_t *m) {
+  const kvl_gguf_t *g = kvl_model_gguf(m);
+  double sum = 0;
+  for (int64_t i = 0; i < kvl_gguf_n_tensors(g); i++) {
+    const struct kvl_gguf_tensor *t = kvl_gguf_tensor(g, i);
+    if (!strncmp(t->name, "blk.", 4) && t->n_dims >= 2 && t->ne[1] > 1) sum += 2.0 * (double)t->n_elements;
+  }
+  return sum;
+}
+
+/* The peak probe for the data type a CPU backend's prefill matmuls run in (by its name:
+ * cpu.c's levels), or NULL (the portable level, CUDA). */
+static const struct kvl_bench_peak *prefill_peak(const char *backend) {
+  if (strstr(backend, "cpu-amx-int8")) return kvl_bench_peak_find("s8", "amx");
+  if (strstr(backend, "cpu-avx512-vnni-mm")) return kvl_bench_peak_find("s8", "avx512vnni");
+  if (strstr(backend, "cpu-avx2-int8-mm")) return kvl_bench_peak_find("s8", "avx2");
+  if (strstr(backend, "cpu-avx512-bf16")) {  /* oneDNN takes the AMX tiles where it can */
+    const struct kvl_bench_peak *amx = kvl_bench_peak_find("bf16", "amx");
+    return kvl_bench_peak_usable(amx) ? amx : kvl_bench_peak_find("bf16", "avx512bf16");
+  }
+  if (!strncmp(backend, "cpu-avx512", 10)) return kvl_bench_peak_find("f32", "avx512");
+  if (!strncmp(backend, "cpu-avx2", 8)) return kvl_bench_peak_find("f32", "avx2");
+  return NULL;
 }
 
 /* n fixed pseudo-random token ids in [TOKEN_LO, TOKEN_HI) (splitmix64, fixed seed),
@@ -189,7 +225,20 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
     /* the memory the backend's repacked weight copies take (the avx512bf16 level) */
     json_object_set_new(res, "repacked_mib", json_real((double)kvl_wpack_total_bytes() / (1 << 20)));
-    printf("%-20s %-7s %9.1f tokens/s  (sd %.1f, %d runs)\n", name, test, st.median, st.sd, o->runs);
+    printf("%-20s %-7s %9.1f tokens/s  (sd %.1f, %d runs)", name, test, st.median, st.sd, o->runs);
+    if (o->peak_gops > 0) {
+      const double gop = block_ops_per_token(m) / 1e9, pct = gop * st.median / o->peak_gops * 100.0;
+      json_object_set_new(res, "gop_per_token", json_real(gop));
+      json_object_set_new(res, "peak_gops", json_real(o->peak_gops));
+      if (o->peak) {
+        json_object_set_new(res, "peak_dtype", json_string(o->peak->dtype));
+        json_object_set_new(res, "peak_isa", json_string(o->peak->isa));
+      }
+      json_object_set_new(res, "roofline_pct", json_real(pct));
+      printf("  %.1f%% of %.0f GOP/s%s%s (%.2f GOP/token)", pct, o->peak_gops, o->peak ? " " : "",
+             o->peak ? o->peak->dtype : "", gop);
+    }
+    printf("\n");
   }
 
   /* tg<N>: an untimed TG_PROMPT-token prefill (which also warms the weights), then N
@@ -265,6 +314,8 @@ static void usage(FILE *f) {
     "      --backend cpu|cuda  the CPU backend (default) or the CUDA one (kernels/cuda/)\n"
     "      --bw GBPS      memory bandwidth (e.g. bench-roofline's all-cores figure): adds\n"
     "                     roofline_pct to tg results\n"
+    "      --peak GOPS    arithmetic peak for the pp results' roofline_pct (default: measured\n"
+    "                     here, for the data type of the backend's prefill matmuls; 0 = none)\n"
     "      --out DIR      where to write the results (default bench/results)\n"
     "  -h, --help         this text\n"
     "\n"
@@ -284,14 +335,16 @@ static int parse_int(const char *s, const char *what, int min) {
 }
 
 int main(int argc, char **argv) {
-  enum { O_KV = 1000, O_BW, O_OUT, O_BACKEND };
+  enum { O_KV = 1000, O_BW, O_OUT, O_BACKEND, O_PEAK };
   static const struct option lopts[] = {
     {"model", required_argument, 0, 'm'}, {"prefill", required_argument, 0, 'p'},
     {"decode", required_argument, 0, 'n'}, {"runs", required_argument, 0, 'r'},
     {"kv", required_argument, 0, O_KV}, {"bw", required_argument, 0, O_BW},
     {"out", required_argument, 0, O_OUT}, {"backend", required_argument, 0, O_BACKEND},
+    {"peak", required_argument, 0, O_PEAK},
     {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-  struct bench_opts o = {.pp = {512}, .n_pp = 1, .pp_max = 512, .tg = 128, .runs = 5, .kv = KVL_KV_BF16, .out = "bench/results"};
+  struct bench_opts o = {.pp = {512}, .n_pp = 1, .pp_max = 512, .tg = 128, .runs = 5, .kv = KVL_KV_BF16,
+                         .peak_gops = -1, .out = "bench/results"};
   int c;
   char *end;
   while ((c = getopt_long(argc, argv, "m:p:n:r:h", lopts, NULL)) != -1) {
@@ -327,6 +380,10 @@ int main(int argc, char **argv) {
     case O_BW:
       o.bw_gbps = strtod(optarg, &end);
       if (*end || !(o.bw_gbps > 0)) { fprintf(stderr, "bench-prefill-decode: --bw must be a positive number of GB/s\n"); return 2; }
+      break;
+    case O_PEAK:
+      o.peak_gops = strtod(optarg, &end);
+      if (*end || !(o.peak_gops >= 0)) { fprintf(stderr, "bench-prefill-decode: --peak must be a number of GOP/s >= 0\n"); return 2; }
       break;
     case O_OUT: o.out = optarg; break;
     case 'h': usage(stdout); return 0;
@@ -366,6 +423,18 @@ int main(int argc, char **argv) {
       n++;
     }
     if (n == 0) { fprintf(stderr, "bench-prefill-decode: no model to run (give -m PATH)\n"); return 1; }
+  }
+
+  /* The arithmetic peak of the prefill's data type, measured now (a few seconds) unless
+   * given. */
+  if (o.peak_gops < 0) {
+    o.peak_gops = 0;
+    o.peak = o.cuda || o.n_pp == 0 ? NULL : prefill_peak(kvl_backend_name(kvl_backend_cpu()));
+    if (o.peak && kvl_bench_peak_usable(o.peak)) {
+      o.peak_gops = kvl_bench_peak_measure(o.peak, omp_get_max_threads(), 3, NULL);
+      fprintf(stderr, "bench-prefill-decode: peak %s on %s, %d threads: %.0f %s\n", o.peak->dtype, o.peak->isa,
+              omp_get_max_threads(), o.peak_gops, o.peak->unit);
+    }
   }
 
   kvl_bench_report_t *rep = kvl_bench_report_new("prefill-decode", argc, argv);

@@ -4,9 +4,12 @@
  *   roofline-bandwidth  memory read bandwidth (GB/s = 1e9 B/s) over a buffer far larger
  *                       than the last-level cache, 1 thread and all cores; AVX-512 loads
  *                       when the processor has them, else AVX2, else plain C.
- *   roofline-flops      fp32 FMA peak (GFLOP/s; one FMA = 2 FLOP) from independent
- *                       register-resident FMA chains, per ISA (AVX-512, AVX2), 1 thread
- *                       and all cores.
+ *   roofline-flops      arithmetic peak per data type and ISA (peak.h: f32 FMA on AVX-512
+ *                       and AVX2, bf16 dot products on AVX-512-BF16 and AMX, int8 dot
+ *                       products on AVX-512 VNNI, AVX2 and AMX: the instructions the
+ *                       backend's matmuls are built on), GFLOP/s or GOP/s (GOP/s for s8;
+ *                       one multiply-add = 2 operations), 1 thread and all cores; the
+ *                       `dtype` and `isa` fields name the probe.
  *
  * Every figure is the median of -r runs (default 5) after one untimed warm-up run; "best"
  * is the fastest run. Writes <out>/roofline.json and .md (shared/BENCH-FORMAT.md).
@@ -25,6 +28,7 @@
 #include <omp.h>
 
 #include "bench_common.h"
+#include "peak.h"
 
 /* ---- memory read kernels ----------------------------------------------------------
  * Each sums n floats (n a multiple of READ_STEP, p 64-byte aligned) into 8 independent
@@ -80,80 +84,6 @@ static float read_scalar(const float *p, size_t n) {
   return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
 }
 
-/* ---- FMA peak kernels -------------------------------------------------------------
- * Independent chains x = x * a + b, enough of them to cover FMA latency times the number
- * of FMA ports (4 cycles x 2 ports = 8 on current Intel/AMD cores), all in registers
- * (16 + 2 of 32 zmm; 12 + 2 of 16 ymm). a = 1 - 2^-20 and b = 2^-20 pull every chain
- * towards 1, so nothing overflows or goes denormal however long it runs. */
-#define FMA_A (1.0f - 0x1p-20f)
-#define FMA_B 0x1p-20f
-
-typedef float (*fma_fn)(int64_t iters);
-
-#define FMA_CHAINS_AVX512 16
-__attribute__((target("avx512f"))) static float fma_avx512(int64_t iters) {
-  const __m512 a = _mm512_set1_ps(FMA_A), b = _mm512_set1_ps(FMA_B);
-  __m512 c0 = _mm512_set1_ps(0.50f), c1 = _mm512_set1_ps(0.55f), c2 = _mm512_set1_ps(0.60f),
-         c3 = _mm512_set1_ps(0.65f), c4 = _mm512_set1_ps(0.70f), c5 = _mm512_set1_ps(0.75f),
-         c6 = _mm512_set1_ps(0.80f), c7 = _mm512_set1_ps(0.85f), c8 = _mm512_set1_ps(0.90f),
-         c9 = _mm512_set1_ps(0.95f), c10 = _mm512_set1_ps(1.05f), c11 = _mm512_set1_ps(1.10f),
-         c12 = _mm512_set1_ps(1.15f), c13 = _mm512_set1_ps(1.20f), c14 = _mm512_set1_ps(1.25f),
-         c15 = _mm512_set1_ps(1.30f);
-  for (int64_t i = 0; i < iters; i++) {
-    c0 = _mm512_fmadd_ps(c0, a, b);
-    c1 = _mm512_fmadd_ps(c1, a, b);
-    c2 = _mm512_fmadd_ps(c2, a, b);
-    c3 = _mm512_fmadd_ps(c3, a, b);
-    c4 = _mm512_fmadd_ps(c4, a, b);
-    c5 = _mm512_fmadd_ps(c5, a, b);
-    c6 = _mm512_fmadd_ps(c6, a, b);
-    c7 = _mm512_fmadd_ps(c7, a, b);
-    c8 = _mm512_fmadd_ps(c8, a, b);
-    c9 = _mm512_fmadd_ps(c9, a, b);
-    c10 = _mm512_fmadd_ps(c10, a, b);
-    c11 = _mm512_fmadd_ps(c11, a, b);
-    c12 = _mm512_fmadd_ps(c12, a, b);
-    c13 = _mm512_fmadd_ps(c13, a, b);
-    c14 = _mm512_fmadd_ps(c14, a, b);
-    c15 = _mm512_fmadd_ps(c15, a, b);
-  }
-  __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
-                           _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
-  s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
-                                     _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
-  return _mm512_reduce_add_ps(s);
-}
-
-#define FMA_CHAINS_AVX2 12
-__attribute__((target("avx2,fma"))) static float fma_avx2(int64_t iters) {
-  const __m256 a = _mm256_set1_ps(FMA_A), b = _mm256_set1_ps(FMA_B);
-  __m256 c0 = _mm256_set1_ps(0.50f), c1 = _mm256_set1_ps(0.55f), c2 = _mm256_set1_ps(0.60f),
-         c3 = _mm256_set1_ps(0.65f), c4 = _mm256_set1_ps(0.70f), c5 = _mm256_set1_ps(0.75f),
-         c6 = _mm256_set1_ps(0.80f), c7 = _mm256_set1_ps(0.85f), c8 = _mm256_set1_ps(0.90f),
-         c9 = _mm256_set1_ps(0.95f), c10 = _mm256_set1_ps(1.05f), c11 = _mm256_set1_ps(1.10f);
-  for (int64_t i = 0; i < iters; i++) {
-    c0 = _mm256_fmadd_ps(c0, a, b);
-    c1 = _mm256_fmadd_ps(c1, a, b);
-    c2 = _mm256_fmadd_ps(c2, a, b);
-    c3 = _mm256_fmadd_ps(c3, a, b);
-    c4 = _mm256_fmadd_ps(c4, a, b);
-    c5 = _mm256_fmadd_ps(c5, a, b);
-    c6 = _mm256_fmadd_ps(c6, a, b);
-    c7 = _mm256_fmadd_ps(c7, a, b);
-    c8 = _mm256_fmadd_ps(c8, a, b);
-    c9 = _mm256_fmadd_ps(c9, a, b);
-    c10 = _mm256_fmadd_ps(c10, a, b);
-    c11 = _mm256_fmadd_ps(c11, a, b);
-  }
-  __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
-                           _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)));
-  s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11)));
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  return _mm_cvtss_f32(h);
-}
-
 /* ---- timing ------------------------------------------------------------------------ */
 
 /* Everything a kernel returns lands here, so no call can be optimised away. */
@@ -174,25 +104,15 @@ static double time_read(read_fn f, const float *buf, size_t n, int threads) {
   return dt;
 }
 
-/* Seconds for `threads` threads to each run `iters` iterations of an FMA kernel. */
-static double time_fma(fma_fn f, int64_t iters, int threads) {
-  float total = 0;
-  double t0 = kvl_bench_now();
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-  total += f(iters);
-  double dt = kvl_bench_now() - t0;
-  sink += total;
-  return dt;
-}
-
 /* ---- main -------------------------------------------------------------------------- */
 
 static void usage(FILE *f) {
   fprintf(f,
     "usage: bench-roofline [options]\n"
     "\n"
-    "Measure this machine's memory read bandwidth and fp32 FMA peak, one thread and all\n"
-    "cores; write <out>/roofline.json and <out>/roofline.md. Run it on a quiet machine.\n"
+    "Measure this machine's memory read bandwidth and its arithmetic peak per data type\n"
+    "(f32, bf16, s8) and ISA it has, one thread and all cores; write <out>/roofline.json\n"
+    "and <out>/roofline.md. Run it on a quiet machine.\n"
     "\n"
     "  --mib N        read buffer in MiB (default 2048; keep it far above the L3 cache)\n"
     "  -r, --runs N   timed runs per figure, after one warm-up (default 5)\n"
@@ -273,38 +193,27 @@ int main(int argc, char **argv) {
   }
   free(buf);
 
-  /* FMA peak, per ISA the processor has. Iterations are calibrated so that one run
-   * takes about 0.25 s on one thread. */
-  struct { const char *isa; fma_fn f; int chains, lanes; bool ok; } isas[] = {
-    {"avx512", fma_avx512, FMA_CHAINS_AVX512, 16, has512},
-    {"avx2", fma_avx2, FMA_CHAINS_AVX2, 8, has2},
-  };
-  for (size_t k = 0; k < sizeof(isas) / sizeof(isas[0]); k++) {
-    if (!isas[k].ok) {
-      fprintf(stderr, "roofline-flops: %s not supported by this processor, skipped\n", isas[k].isa);
+  /* Arithmetic peaks, per data type and ISA the processor has (peak.h). */
+  for (int k = 0; k < kvl_bench_peak_count(); k++) {
+    const struct kvl_bench_peak *p = kvl_bench_peak_at(k);
+    if (!kvl_bench_peak_usable(p)) {
+      fprintf(stderr, "roofline-flops: %s on %s not supported by this processor, skipped\n", p->dtype, p->isa);
       continue;
     }
-    int64_t iters = 1 << 16;
-    double dt;
-    while ((dt = time_fma(isas[k].f, iters, 1)) < 0.02) iters *= 8;
-    iters = (int64_t)((double)iters * 0.25 / dt) + 1;
-    const double flop_per_thread = (double)iters * isas[k].chains * isas[k].lanes * 2.0;
     for (int t = 0; t < n_counts; t++) {
       int th = thread_counts[t];
-      time_fma(isas[k].f, iters, th); /* warm-up (and frequency settling) */
-      for (long r = 0; r < runs; r++) {
-        s[r] = flop_per_thread * th / time_fma(isas[k].f, iters, th) / 1e9;
-        fprintf(stderr, "roofline-flops %s threads=%d run %ld/%ld: %.1f GFLOP/s\n", isas[k].isa, th, r + 1, runs,
-                s[r]);
-      }
+      kvl_bench_peak_measure(p, th, (int)runs, s);
+      for (long r = 0; r < runs; r++)
+        fprintf(stderr, "roofline-flops %s %s threads=%d run %ld/%ld: %.1f %s\n", p->dtype, p->isa, th, r + 1, runs,
+                s[r], p->unit);
       kvl_bench_stats_compute(s, (int)runs, &st);
-      json_t *o = kvl_bench_report_add(rep, NULL, "roofline-flops", st.median, "GFLOP/s", (int)runs, st.sd);
-      json_object_set_new(o, "dtype", json_string("f32"));
-      json_object_set_new(o, "isa", json_string(isas[k].isa));
+      json_t *o = kvl_bench_report_add(rep, NULL, "roofline-flops", st.median, p->unit, (int)runs, st.sd);
+      json_object_set_new(o, "dtype", json_string(p->dtype));
+      json_object_set_new(o, "isa", json_string(p->isa));
       json_object_set_new(o, "threads", json_integer(th));
       json_object_set_new(o, "best", json_real(st.max));
-      printf("roofline-flops      %-6s threads=%-3d %8.1f GFLOP/s  (sd %.1f, best %.1f)\n", isas[k].isa, th,
-             st.median, st.sd, st.max);
+      printf("roofline-flops      %-4s %-10s threads=%-3d %8.1f %s  (sd %.1f, best %.1f)\n", p->dtype, p->isa, th,
+             st.median, p->unit, st.sd, st.max);
     }
   }
 
