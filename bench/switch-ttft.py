@@ -50,6 +50,12 @@ def main():
                     help="every history starts with the same N-token system prompt, written natively into both "
                          "models once before timing (a deployment's shared prompt: both sides find it in their "
                          "prefix cache); 0 = fresh histories with nothing shared but <|im_start|>")
+    ap.add_argument("--warm-head", action="store_true",
+                    help="the daemon's translate_warm_head: after the history is written, the target computes its "
+                         "head in the background, so the switch prefills only the new turn (see --think-ms)")
+    ap.add_argument("--think-ms", type=int, default=None,
+                    help="pause before each timed request, as a user reads and types (default: 1000 with "
+                         "--warm-head, else 0): background work of the previous request ends before timing")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--directions", default="small-to-large,large-to-small")
     ap.add_argument("--translation-precision", default="auto", choices=["auto", "bf16", "fp32"],
@@ -61,6 +67,7 @@ def main():
     if a.render_only:
         return render(json.load(open(os.path.join(a.out, "switch-ttft.json"))), a)
     contexts = [int(x) for x in a.contexts.split(",")]
+    think = (1000 if a.warm_head else 0) if a.think_ms is None else a.think_ms
     small, large = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
     need = max(contexts) + a.turn + 64
     tmp = tempfile.mkdtemp(prefix="kvl-bench-switch-")
@@ -71,6 +78,7 @@ def main():
                 f"quality_gate: {{shadow_fraction: 0}}\n"  # no background shadows while timing
                 f"translate_native_head: {a.native_head}\n"
                 f"translation_precision: {a.translation_precision}\n"
+                f"translate_warm_head: {'true' if a.warm_head else 'false'}\n"
                 "models:\n"
                 f"  - {{name: {small}, path: {small}, hot_mib: 2048, cold_mib: 512, max_model_len: {need + 64}}}\n"
                 f"  - {{name: {large}, path: {large}, hot_mib: 3072, cold_mib: 512, max_model_len: {need + 64}}}\n"
@@ -126,18 +134,22 @@ def main():
     for C in contexts:
         for name in a.directions.split(","):
             S, T = dirs[name]
-            tr, rp, tx, usage = [], [], [], None
+            tr, rp, tx, sv, usage = [], [], [], [], None
             for k in range(a.runs):
                 conv = f"bench-{C}-{name}-{k}-{rng.randrange(1 << 30)}"
                 hist = history(C)
                 ttft(S, hist, conv)  # S writes the history natively (not timed)
+                time.sleep(think / 1e3)
                 ms, last = ttft(T, hist + fresh(a.turn), conv)
                 tr.append(ms)
                 tx.append(last.timings.translation_seconds * 1e3)
+                sv.append(last.timings.time_to_first_token_seconds * 1e3)
                 usage = last.usage
+                time.sleep(think / 1e3)
                 ms2, last2 = ttft(T, history(C) + fresh(a.turn), reprefill=True)
                 rp.append(ms2)
-                print(f"  {S} -> {T}, {C} tokens: translated {ms:.0f} ms ({usage.translated_tokens} translated, "
+                print(f"  {S} -> {T}, {C} tokens: translated {ms:.0f} ms (daemon: {sv[-1]:.0f} ms, of which translation "
+                      f"{tx[-1]:.0f} ms, queue {last.timings.queue_seconds * 1e3:.0f} ms; {usage.translated_tokens} translated, "
                       f"{usage.prefilled_tokens} prefilled, {usage.cached_native_tokens} cached), reprefill {ms2:.0f} ms "
                       f"({last2.usage.prefilled_tokens} prefilled, {last2.usage.cached_native_tokens} cached)", flush=True)
             ratios = [r / t for r, t in zip(rp, tr)]
@@ -149,9 +161,11 @@ def main():
                             "reprefill_sd_ms": round(statistics.stdev(rp), 1) if len(rp) > 1 else 0,
                             "translated_sd_ms": round(statistics.stdev(tr), 1) if len(tr) > 1 else 0,
                             "translation_ms": round(statistics.median(tx), 1),  # of translated_ms: the daemon's own timing
+                            "daemon_ttft_ms": round(statistics.median(sv), 1),  # arrival to first token, in the daemon
                             "translated_positions": usage.translated_tokens,
                             "prefilled_positions": usage.prefilled_tokens, "native_head": a.native_head,
                             "system_tokens": a.system, "cached_positions": usage.cached_native_tokens,
+                            "warm_head": a.warm_head, "think_ms": think,
                             "cpu_level": os.environ.get("KVL_CPU") or "auto", "translation_precision": precision,
                             "measured_at": "gRPC client"})
     d.terminate()
@@ -161,10 +175,11 @@ def main():
     if a.append and os.path.exists(path):  # an earlier run's other lengths stay, with its command
         old = json.load(open(path))
         key = lambda r: (r["direction"], r["context_tokens"], r.get("system_tokens", 0),  # noqa: E731
-                         r.get("translation_precision", "fp32"))
+                         r.get("translation_precision", "fp32"), r.get("warm_head", False))
         mine = {key(r) for r in results}
         results = sorted([r for r in old["results"] if key(r) not in mine] + results,
-                         key=lambda r: (r.get("system_tokens", 0), r["context_tokens"], r["direction"]))
+                         key=lambda r: (r.get("system_tokens", 0), r.get("warm_head", False), r["context_tokens"],
+                                        r["direction"]))
         cmd = old["command"] + " ; " + cmd
     git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rep = {"benchmark": "switch-ttft", "git": git or "unknown",
@@ -192,11 +207,16 @@ def render(rep, a):
                 "hold natively in their prefix cache (`--system N`), so neither side computes them; 0: a fresh "
                 "history.\n\n"
                 "`precision`: the translators' products (the daemon's translation_precision; fp32 before it existed).\n\n"
-                "| direction | history tokens | shared system prompt | precision | runs | translated ms | re-prefill ms "
-                "| speed-up |\n"
-                "|---|---|---|---|---|---|---|---|\n")
+                "`warm head`: the daemon's translate_warm_head — the target computed the history's first 32 "
+                "positions in the background after the history was written (`--warm-head`, with a pause of "
+                "`think_ms` before each timed request), so the switch translated the rest and prefilled only the "
+                "turn.\n\n"
+                "| direction | history tokens | shared system prompt | warm head | precision | runs | translated ms "
+                "| re-prefill ms | speed-up |\n"
+                "|---|---|---|---|---|---|---|---|---|\n")
         for r in results:
             f.write(f"| {r['direction']} | {r['context_tokens']} | {r.get('system_tokens', 0)} | "
+                    f"{'yes' if r.get('warm_head') else 'no'} | "
                     f"{r.get('translation_precision', 'fp32')} | {r['runs']} | "
                     f"{r['translated_ms']:.0f} ± "
                     f"{r['translated_sd_ms']:.0f} | {r['reprefill_ms']:.0f} ± {r['reprefill_sd_ms']:.0f} | "
@@ -207,18 +227,19 @@ def render(rep, a):
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(1, 2, figsize=(11, 4))
         precs = sorted({r.get("translation_precision", "fp32") for r in results})
-        for name, sysn, prec in [(n, k, p) for k in sorted({r.get("system_tokens", 0) for r in results})
-                                 for p in precs for n in ("small-to-large", "large-to-small")]:
+        for name, sysn, prec, warm in [(n, k, p, w) for k in sorted({r.get("system_tokens", 0) for r in results})
+                                       for w in (False, True) for p in precs for n in ("small-to-large", "large-to-small")]:
             S, T = dirs[name]
             rs = [r for r in results if r["direction"] == f"{S}->{T}" and r.get("system_tokens", 0) == sysn and
-                  r.get("translation_precision", "fp32") == prec]
+                  r.get("translation_precision", "fp32") == prec and r.get("warm_head", False) == warm]
             if not rs:
                 continue
             xs = [r["context_tokens"] for r in rs]
-            tag = (f", shared {sysn}-token system prompt" if sysn else "") + (f", {prec}" if len(precs) > 1 else "")
+            tag = (f", shared {sysn}-token system prompt" if sysn else "") + (f", {prec}" if len(precs) > 1 else "") + \
+                (", warm head" if warm else "")
             ax[0].plot(xs, [r["reprefill_ms"] for r in rs], "o--", label=f"re-prefill in {T}{tag}")
             ax[0].plot(xs, [r["translated_ms"] for r in rs], "o-", label=f"translate {S}→{T}{tag}")
-            ax[1].plot(xs, [r["value"] for r in rs], "o-" if not sysn else "s:", label=f"{S}→{T}{tag}")
+            ax[1].plot(xs, [r["value"] for r in rs], "s:" if sysn else "^-." if warm else "o-", label=f"{S}→{T}{tag}")
         for x in ax:
             x.set_xscale("log", base=2)
             x.set_xlabel("history tokens (written by the other model)")

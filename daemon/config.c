@@ -270,6 +270,12 @@ static void walk_root(struct walk *w, yaml_node_t *n, struct kvld_config *c) {
       else if (v) bad(w, path, "expected true or false");
       continue;
     }
+    if (!strcmp(k, "translate_warm_head")) {
+      const char *v = scalar(w, vn, path);
+      if (v && (!strcmp(v, "true") || !strcmp(v, "false"))) c->translate_warm_head = !strcmp(v, "true");
+      else if (v) bad(w, path, "expected true or false");
+      continue;
+    }
     if (!strcmp(k, "translation_precision")) {
       get_str(w, vn, path, c->translation_precision, sizeof(c->translation_precision));
       if (!w->rc && strcmp(c->translation_precision, "auto") && strcmp(c->translation_precision, "bf16") &&

@@ -64,6 +64,9 @@ struct kvld_config {
                                 larger of this and router.handoff_native_tail) */
   int translate_native_head; /* every request: its first N positions computed natively, never
                                 translated (the attention sink's block; 0: none) */
+  bool translate_warm_head;  /* after a request, compute its head (translate_native_head
+                                positions) in the background in every model it translates
+                                into, so a switch there prefills only the new turn */
   char translation_precision[8]; /* the translators' products: auto (bf16 where the processor
                                     has AVX512-BF16 or AMX, else fp32) | bf16 | fp32 */
   char replica_id[128];      /* this replica's name in responses (default: the hostname) */

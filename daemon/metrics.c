@@ -188,8 +188,11 @@ char *kvld_metrics_render(const struct kvld *d) {
             (unsigned long long)d->handoffs[i][k]);
   /* the quality gate: the scheduler's per-translator statistics, from its snapshot */
   head(&b, "kvlingo:translator_shadows_total", "counter", "Translated requests re-prefilled natively to measure the translator.");
-  for (int pass = 0; pass < 3; pass++) {
+  for (int pass = 0; pass < 4; pass++) {
     if (pass == 1) head(&b, "kvlingo:translator_online_kl", "gauge", "Online estimate of KL(native || translated), nats.");
+    if (pass == 3)
+      head(&b, "kvlingo:translator_head_warmups_total", "counter",
+           "Sequence heads computed in the background in the target after the source served them (translate_warm_head).");
     if (pass == 2) head(&b, "kvlingo:translator_gated", "gauge", "1 when the quality gate re-prefills instead of translating.");
     for (int i = 0; i < d->n_translators; i++) {
       const struct kvld_translator *t = &d->translators[i];
@@ -200,6 +203,9 @@ char *kvld_metrics_render(const struct kvld *d) {
       if (pass == 0) put(&b, "kvlingo:translator_shadows_total{source=\"%s\",target=\"%s\"} %llu\n", sn, tn, (unsigned long long)ts->shadows);
       if (pass == 1) put(&b, "kvlingo:translator_online_kl{source=\"%s\",target=\"%s\"} %.6g\n", sn, tn, ts->kl_mean);
       if (pass == 2) put(&b, "kvlingo:translator_gated{source=\"%s\",target=\"%s\"} %d\n", sn, tn, ts->gated ? 1 : 0);
+      if (pass == 3)
+        put(&b, "kvlingo:translator_head_warmups_total{source=\"%s\",target=\"%s\"} %llu\n", sn, tn,
+            (unsigned long long)ts->head_warmups);
     }
   }
   head(&b, "kvlingo:conversations_started_total", "counter", "Conversation ids this replica saw for the first time.");

@@ -348,6 +348,7 @@ enum kvld_status kvld_req_start(struct kvld *d, struct kvld_gen_params *p, kvld_
   q.sampling.bias = r->p.bias;
   q.native_tail = d->cfg.translate_native_tail;
   q.native_head = d->cfg.translate_native_head;
+  q.warm_head = d->cfg.translate_warm_head;
   kvld_route(d, &r->p, &q);
   if (r->p.reprefill) {
     q.no_translate = true;

@@ -36,6 +36,7 @@ struct req {
   bool no_translate;
   int32_t native_tail;   /* >= 1: positions at the end never translated */
   int32_t native_head;   /* >= 0: positions at the start never translated */
+  bool warm_head;        /* at the end, warm the head in the models it translates into */
   int32_t pend_from, pend_n; /* head positions appended this step ahead of a translation:
                                 computed by this step's forward with the rest */
   /* translation sources while the line is being extended: other models' lines (forks of
@@ -380,7 +381,10 @@ static void req_free(struct req *r) {
 }
 
 /* Final callback, then forget the request. */
+static void warm_heads(kvl_sched_t *s, const struct req *r);
+
 static void finish(kvl_sched_t *s, struct model *m, struct req *r, enum kvl_finish_reason why, int32_t token, float lp) {
+  if (r->warm_head && (why == KVL_DONE_STOP || why == KVL_DONE_LENGTH)) warm_heads(s, r);
   for (struct req **pp = &m->reqs; *pp; pp = &(*pp)->next)
     if (*pp == r) { *pp = r->next; break; }
   m->n_reqs--;
@@ -446,6 +450,7 @@ int kvl_sched_submit(kvl_sched_t *s, const struct kvl_request *q, kvl_token_cb c
   r->no_translate = q->no_translate;
   r->native_tail = q->native_tail > 1 ? q->native_tail : 1;
   r->native_head = q->native_head > 0 ? q->native_head : 0;
+  r->warm_head = q->warm_head;
   if (q->cascade.on && q->cascade.to != q->model) {
     r->cascade.on = true;
     r->cascade.to = q->cascade.to;
@@ -836,6 +841,36 @@ static void shadow_maybe(kvl_sched_t *s, int mi, struct req *r, const float *l, 
   KVL_ASSERT(sh && sh->id == id);
   sh->shadow_ref = ref;
   sh->shadow_src = r->last_src;
+}
+
+/* After r ends in model S: for every model M with a translator S -> M, unless M holds the
+ * first native_head positions of r's sequence natively (the conversation's kept line in M,
+ * or M's prefix cache), a request computes them in M at the lowest priority, for one token,
+ * nobody waiting; its blocks stay in M's prefix cache. Whole blocks only. */
+static void warm_heads(kvl_sched_t *s, const struct req *r) {
+  const int32_t h = r->native_head / KVL_KV_BLOCK * KVL_KV_BLOCK;
+  if (h <= 0 || r->len <= h) return;
+  struct conv *c = r->conv ? conv_get(s, r->conv, false) : NULL;
+  for (int i = 0; i < s->n_xlat; i++) {
+    struct xlat *x = &s->xlat[i];
+    if (x->src != r->model || !x->t || x->gate.off || x->st.gated || !model_ok(s, x->dst)) continue;
+    if (c && c->line[x->dst] && kvl_line_len(c->line[x->dst]) >= h && common_prefix(c->line[x->dst], r->seq, h) == h &&
+        kvl_line_native_span(c->line[x->dst], 0, h) == 0)
+      continue;
+    kvl_line_t *probe = kvl_line_new(s->models[x->dst].pool);
+    if (!probe) continue;
+    struct kvl_prefix_hit hit = {0};
+    int rc = kvl_line_attach_prefix(probe, r->seq, h, KVL_REUSE_NATIVE_ONLY, &hit);
+    kvl_line_free(probe);
+    if (rc < 0 || hit.n_native >= h) continue;
+    struct kvl_request q = {.model = x->dst, .prompt = r->seq, .n_prompt = h, .max_tokens = 1,
+                            .priority = INT_MIN, .no_translate = true, .reuse = KVL_REUSE_NATIVE_ONLY};
+    kvl_sampler_params_init(&q.sampling);
+    q.sampling.temperature = 0;
+    uint64_t id;
+    char err[160];
+    if (kvl_sched_submit(s, &q, NULL, NULL, &id, err, sizeof(err)) == 0) x->st.head_warmups++;
+  }
 }
 
 /* The cascade's decision after a generated token: true when the window is full and its

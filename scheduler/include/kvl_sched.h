@@ -137,6 +137,13 @@ struct kvl_request {
                                        attention sink: computing it natively costs N positions of
                                        prefill on a model's first turn and keeps most of the quality
                                        a translated short prompt loses (docs/switching.md) */
+  bool warm_head;                   /* when it ends (stop or length), every model it has a
+                                       translator into that does not hold the sequence's first
+                                       native_head positions natively gets them computed in the
+                                       background, at the lowest priority, into its prefix cache:
+                                       a later switch there translates the rest and prefills only
+                                       the new turn. Only whole 16-position blocks are kept, so
+                                       native_head below 16 warms nothing */
   struct {                          /* move to `to` when the window's uncertainty passes a bar */
     bool on;
     int to;                         /* model id (same vocabulary) */
@@ -192,6 +199,8 @@ struct kvl_translator_stats {
   uint64_t requests;       /* requests it translated for */
   uint64_t positions;      /* positions it translated */
   uint64_t shadows;        /* shadow re-prefills measured */
+  uint64_t head_warmups;   /* background prefills of a sequence's head in dst after src served it
+                              (kvl_request.warm_head) */
   double kl_mean;          /* online KL estimate: the mean, then a moving average over ~32 */
   double kl_last;
 };

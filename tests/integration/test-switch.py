@@ -24,6 +24,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 
 kvlingod, proto_dir, mode, where, identity_tool = sys.argv[1:6]
@@ -267,6 +268,26 @@ want8 = (len(prompt) - 8) // 16 * 16  # whole indexed blocks before the tail (no
 check(lt8.usage.translated_tokens == want8,
       f"translate_native_tail 8: {lt8.usage.translated_tokens} positions translated (want {want8}), "
       f"{lt8.usage.prefilled_tokens} prefilled")
+# translate_warm_head: once small has served a conversation, large computes its first 32
+# positions in the background (counted in /metrics); the switch then finds them in its
+# prefix cache and prefills only what follows the translated span
+wh, hwh = start(two, tr_two, "translate_warm_head: true\n", replica="warm")
+generate(wh, prompt, "small", 1, conv="warm-1")
+deadline = time.time() + 120
+while time.time() < deadline:
+    fam = metrics(hwh)
+    if (mval(fam, "kvlingo:translator_head_warmups_total", source="small", target="large") >= 1 and
+            mval(fam, "vllm:num_requests_running") + mval(fam, "vllm:num_requests_waiting") == 0):
+        break
+    time.sleep(0.05)
+_, _, lwh = generate(wh, prompt + [7, 8, 9], "large", 2, conv="warm-1")
+fam = metrics(hwh)
+check(mval(fam, "kvlingo:translator_head_warmups_total", source="small", target="large") == 1 and
+      mval(fam, "kvlingo:translator_head_warmups_total", source="large", target="small") == 0 and
+      lwh.usage.cached_native_tokens == HEAD and lwh.usage.translated_tokens > 0,
+      f"translate_warm_head: the switch found the head cached ({lwh.usage.cached_native_tokens} cached native, "
+      f"{lwh.usage.translated_tokens} translated, {lwh.usage.prefilled_tokens} prefilled); none back into small, "
+      "which holds the head already")
 # router.handoff_native_tail: the large model computes the last 8 positions itself
 casc8, _ = start(two, tr_two, "router:\n  policy: cascade\n  handoff_native_tail: 8\n"
                               "  cascade: {window: 3, max_mean_entropy: 0.001}\n", replica="casc8")

@@ -403,6 +403,57 @@ static void test_gate(void) {
   }
 }
 
+/* warm_head: after model 0 serves a request, model 1 (which it translates into) computes
+ * the sequence's head in the background; a switch to model 1 then finds the head in its
+ * prefix cache and prefills only what follows the translated span, with the same output
+ * as a run on model 1 alone (identity translator between copies of one model). Already
+ * warm: no second warm-up; a head below one block: none. */
+static void test_warm_head(void) {
+  int32_t p[64];
+  unsigned long long rs = 77;
+  for (int i = 0; i < 64; i++) p[i] = (int32_t)(kvl_test_rand(&rs) % 300);
+  kvl_model_t *ms[2] = {g_m, g_m};
+  struct run ref, o;
+  kvl_sched_t *s = sched_of(ms, 2, 64, 0, 64);
+  struct kvl_request r = greedy(1, p, 64, 4, 0);
+  CHECK_EQ_INT(run_one(s, &r, &ref, 2), 0); /* model 1 alone */
+  kvl_sched_free(s);
+
+  s = sched_of(ms, 2, 64, 0, 64);
+  link_all(s, 2);
+  r = greedy(0, p, 56, 2, 0); /* model 0's prefix cache keeps 48 positions: 16 past the head */
+  r.native_head = 32;
+  r.warm_head = true;
+  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0); /* runs until idle: the warm-up included */
+  struct kvl_translator_stats st;
+  kvl_sched_translator_stats(s, 0, 1, &st);
+  CHECK(st.head_warmups == 1);
+  kvl_sched_translator_stats(s, 1, 0, &st);
+  CHECK(st.head_warmups == 0);
+  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0); /* model 1 holds the head already */
+  kvl_sched_translator_stats(s, 0, 1, &st);
+  CHECK(st.head_warmups == 1);
+  r = greedy(1, p, 64, 4, 0);
+  r.native_head = 32;
+  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
+  printf("  switch after a warm-up: %d cached native, %d translated, %d prefilled\n", o.usage.cached_native,
+         o.usage.translated, o.usage.prefilled);
+  CHECK(o.usage.cached_native == 32 && o.usage.translated > 0 && o.usage.prefilled == 64 - 32 - o.usage.translated);
+  CHECK(o.n == ref.n);
+  for (int i = 0; i < o.n && i < ref.n; i++) CHECK_EQ_INT(o.toks[i], ref.toks[i]);
+  kvl_sched_free(s);
+
+  s = sched_of(ms, 2, 64, 0, 64);
+  link_all(s, 2);
+  r = greedy(0, p, 40, 2, 0);
+  r.native_head = 8; /* less than a block: nothing to keep */
+  r.warm_head = true;
+  CHECK_EQ_INT(run_one(s, &r, &o, 2), 0);
+  kvl_sched_translator_stats(s, 0, 1, &st);
+  CHECK(st.head_warmups == 0);
+  kvl_sched_free(s);
+}
+
 /* Random conversations over three models (two different weights), random switches, edits
  * (regenerate: history cut back), cascades, cancellations, a pool small enough to
  * preempt and shed kept lines, expiry — the pool checker after every step. */
@@ -498,6 +549,7 @@ int main(void) {
   RUN(test_handoffs);
   RUN(test_fallbacks);
   RUN(test_gate);
+  RUN(test_warm_head);
   RUN(test_stress);
   kvl_translator_free(g_id);
   kvl_model_free(g_m);
