@@ -380,9 +380,9 @@ static void req_free(struct req *r) {
   free(r);
 }
 
-/* Final callback, then forget the request. */
 static void warm_heads(kvl_sched_t *s, const struct req *r);
 
+/* Final callback, then forget the request (after warming its head elsewhere, if asked). */
 static void finish(kvl_sched_t *s, struct model *m, struct req *r, enum kvl_finish_reason why, int32_t token, float lp) {
   if (r->warm_head && (why == KVL_DONE_STOP || why == KVL_DONE_LENGTH)) warm_heads(s, r);
   for (struct req **pp = &m->reqs; *pp; pp = &(*pp)->next)

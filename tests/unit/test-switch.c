@@ -481,7 +481,10 @@ static void test_stress(void) {
         cascade(&r, (M + 1) % 3, 2, 1e-3f);
       }
       if (kvl_test_rand(&rs) % 7 == 0) r.reuse = KVL_REUSE_NATIVE_ONLY;
-      if (kvl_test_rand(&rs) % 2 == 0) r.native_head = 16; /* the head computed with the translated step */
+      if (kvl_test_rand(&rs) % 2 == 0) {
+        r.native_head = 16; /* the head computed with the translated step */
+        r.warm_head = kvl_test_rand(&rs) % 2 == 0; /* ... or ahead of it, in the background */
+      }
       memset(&outs[c], 0, sizeof(outs[c]));
       char err[256];
       CHECK_EQ_INT(kvl_sched_submit(s, &r, on_token, &outs[c], &ids[c], err, sizeof(err)), 0);
@@ -520,9 +523,17 @@ static void test_stress(void) {
     if (round == 20) kvl_sched_conversations_expire(s, 0); /* everything idle goes */
   }
   CHECK_EQ_INT(done, turns);
-  printf("  %d turns over %d conversations: %d positions translated, %d handoffs, %d preemptions, %d conversations kept\n",
-         turns, NC, translated, handoffs, preempt, (int)kvl_sched_conversations(s));
-  CHECK(translated > 0 && handoffs > 0);
+  uint64_t warmups = 0;
+  for (int a = 0; a < 3; a++)
+    for (int b = 0; b < 3; b++) {
+      struct kvl_translator_stats st;
+      kvl_sched_translator_stats(s, a, b, &st);
+      warmups += st.head_warmups;
+    }
+  printf("  %d turns over %d conversations: %d positions translated, %d handoffs, %d preemptions, %d conversations "
+         "kept, %llu heads warmed\n", turns, NC, translated, handoffs, preempt, (int)kvl_sched_conversations(s),
+         (unsigned long long)warmups);
+  CHECK(translated > 0 && handoffs > 0 && warmups > 0);
   /* dropping a conversation frees its lines (the checker sees no lost block) and forgets it */
   int32_t kept = kvl_sched_conversations(s);
   int drc = kvl_sched_conversation_drop(s, 1);
