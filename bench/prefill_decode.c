@@ -235,8 +235,8 @@ static int bench_model(const char *path, const char *name, const struct bench_op
         json_object_set_new(res, "peak_isa", json_string(o->peak->isa));
       }
       json_object_set_new(res, "roofline_pct", json_real(pct));
-      printf("  %.1f%% of %.0f GOP/s%s%s (%.2f GOP/token)", pct, o->peak_gops, o->peak ? " " : "",
-             o->peak ? o->peak->dtype : "", gop);
+      printf("  %.1f%% of %.0f %s%s%s (%.2f GOP/token)", pct, o->peak_gops, o->peak ? o->peak->unit : "GOP/s",
+             o->peak ? " " : "", o->peak ? o->peak->dtype : "", gop);
     }
     printf("\n");
   }

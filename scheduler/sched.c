@@ -821,6 +821,22 @@ static void shadow_measure(kvl_sched_t *s, int mi, struct req *r, const float *l
 /* After a translated request's first token: every 1/f-th one gets a shadow — the same
  * prompt re-prefilled natively at the lowest priority, for one token, carrying the
  * request's log-probs to compare with. */
+/* A background request: seq[0..n) computed natively in `model` at the lowest priority,
+ * one greedy token, nobody waiting (the shadows, the warm heads). Returns it, or NULL
+ * when it cannot be queued. */
+static struct req *submit_background(kvl_sched_t *s, int model, const int32_t *seq, int32_t n) {
+  struct kvl_request q = {.model = model, .prompt = seq, .n_prompt = n, .max_tokens = 1,
+                          .priority = INT_MIN, .no_translate = true, .reuse = KVL_REUSE_NATIVE_ONLY};
+  kvl_sampler_params_init(&q.sampling);
+  q.sampling.temperature = 0;
+  uint64_t id;
+  char err[160];
+  if (kvl_sched_submit(s, &q, NULL, NULL, &id, err, sizeof(err)) < 0) return NULL;
+  struct req *b = s->models[model].reqs; /* submit puts it first */
+  KVL_ASSERT(b && b->id == id);
+  return b;
+}
+
 static void shadow_maybe(kvl_sched_t *s, int mi, struct req *r, const float *l, int32_t n) {
   struct xlat *x = xlat_find(s, r->last_src, mi);
   if (!x || x->gate.shadow_fraction <= 0) return;
@@ -830,15 +846,8 @@ static void shadow_maybe(kvl_sched_t *s, int mi, struct req *r, const float *l, 
   if (!ref) return;
   double lz = log_partition(l, n);
   for (int32_t i = 0; i < n; i++) ref[i] = (float)((double)l[i] - lz);
-  struct kvl_request q = {.model = mi, .prompt = r->seq, .n_prompt = r->n_prompt, .max_tokens = 1,
-                          .priority = INT_MIN, .no_translate = true, .reuse = KVL_REUSE_NATIVE_ONLY};
-  kvl_sampler_params_init(&q.sampling);
-  q.sampling.temperature = 0;
-  uint64_t id;
-  char err[160];
-  if (kvl_sched_submit(s, &q, NULL, NULL, &id, err, sizeof(err)) < 0) { free(ref); return; }
-  struct req *sh = s->models[mi].reqs; /* submit puts it first */
-  KVL_ASSERT(sh && sh->id == id);
+  struct req *sh = submit_background(s, mi, r->seq, r->n_prompt);
+  if (!sh) { free(ref); return; }
   sh->shadow_ref = ref;
   sh->shadow_src = r->last_src;
 }
@@ -863,13 +872,7 @@ static void warm_heads(kvl_sched_t *s, const struct req *r) {
     int rc = kvl_line_attach_prefix(probe, r->seq, h, KVL_REUSE_NATIVE_ONLY, &hit);
     kvl_line_free(probe);
     if (rc < 0 || hit.n_native >= h) continue;
-    struct kvl_request q = {.model = x->dst, .prompt = r->seq, .n_prompt = h, .max_tokens = 1,
-                            .priority = INT_MIN, .no_translate = true, .reuse = KVL_REUSE_NATIVE_ONLY};
-    kvl_sampler_params_init(&q.sampling);
-    q.sampling.temperature = 0;
-    uint64_t id;
-    char err[160];
-    if (kvl_sched_submit(s, &q, NULL, NULL, &id, err, sizeof(err)) == 0) x->st.head_warmups++;
+    if (submit_background(s, x->dst, r->seq, h)) x->st.head_warmups++;
   }
 }
 
