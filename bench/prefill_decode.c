@@ -2,7 +2,9 @@
  * engine's forward pass, one sequence, on the CPU backend.
  *
  *   pp<N>  prefill N tokens in one forward (logits for the last token only); tokens/s
- *          = N / time of that forward.
+ *          = N / time of that forward. With -d D (pp<N>@d<D>, llama-bench's "@ d"), D
+ *          positions are in the cache first and the N tokens attend to them: a new
+ *          turn's prefill after a history, what a model switch computes.
  *   tg<N>  after an untimed 16-token prompt, N single-token decode steps, each a forward
  *          with logits; tokens/s = N / time of the N steps. With --bw, roofline_pct =
  *          weight bytes read per token x tokens/s / bandwidth: how close decode runs to
@@ -57,6 +59,7 @@ struct bench_opts {
   int pp[8];                      /* prefill lengths N of pp<N> */
   int n_pp;                       /* how many; 0 skips pp */
   int pp_max;
+  int depth;                      /* positions already in the cache before pp<N> (-d) */
   int tg;                         /* decode steps N of tg<N>; 0 skips tg */
   int runs;                       /* timed runs per figure */
   enum kvl_kv_dtype kv;           /* KV cache storage */
@@ -169,8 +172,10 @@ static int bench_model(const char *path, const char *name, const struct bench_op
   fprintf(stderr, "bench-prefill-decode: %s (%s, %d layers) on %s, %d threads, kv %s, loaded in %.2f s\n", name,
           path, hp->n_layer, kvl_backend_name(be), threads, kvname, kvl_bench_now() - t0);
 
-  const int n_ctx = o->pp_max > TG_PROMPT + o->tg ? o->pp_max : TG_PROMPT + o->tg;
-  const int n_batch = o->pp_max > TG_PROMPT ? o->pp_max : TG_PROMPT;
+  const int pp_end = o->n_pp > 0 ? o->depth + o->pp_max : 0;
+  const int n_ctx = pp_end > TG_PROMPT + o->tg ? pp_end : TG_PROMPT + o->tg;
+  int n_batch = o->pp_max > TG_PROMPT ? o->pp_max : TG_PROMPT;
+  if (o->depth > n_batch) n_batch = o->depth;
   if (n_ctx > hp->n_ctx_train) {
     fprintf(stderr, "bench-prefill-decode: %s: %d tokens exceed the model's context of %d\n", name, n_ctx,
             hp->n_ctx_train);
@@ -197,13 +202,25 @@ static int bench_model(const char *path, const char *name, const struct bench_op
   struct kvl_bench_stats st;
   char test[32];
 
-  /* pp<N>: one forward of N tokens at positions 0..N-1 (overwriting the cache each
-   * run), logits for the last. Run -1 is the warm-up. */
+  /* The depth: an untimed forward writes positions 0..D-1 once; every pp<N> run then
+   * attends to them (as a turn's prefill attends to the history before it). */
+  if (o->n_pp > 0 && o->depth > 0) {
+    for (int t = 0; t < o->depth; t++) { pos[t] = t; want[t] = t == o->depth - 1; }
+    struct kvl_batch b = {o->depth, ids, pos, seq, want};
+    if ((rc = kvl_model_forward(m, be, &b, &kv, logits, NULL)) < 0) {
+      fprintf(stderr, "bench-prefill-decode: %s depth %d: forward: %s\n", name, o->depth, kvl_strerror(rc));
+      goto out;
+    }
+  }
+
+  /* pp<N>: one forward of N tokens at positions D..D+N-1 (overwriting them each run),
+   * logits for the last. Run -1 is the warm-up. */
   for (int pi = 0; pi < o->n_pp; pi++) {
     const int pp = o->pp[pi];
-    snprintf(test, sizeof(test), "pp%d", pp);
-    for (int t = 0; t < pp; t++) { pos[t] = t; want[t] = t == pp - 1; }
-    struct kvl_batch b = {pp, ids, pos, seq, want};
+    if (o->depth > 0) snprintf(test, sizeof(test), "pp%d@d%d", pp, o->depth);
+    else snprintf(test, sizeof(test), "pp%d", pp);
+    for (int t = 0; t < pp; t++) { pos[t] = o->depth + t; want[t] = t == pp - 1; }
+    struct kvl_batch b = {pp, ids + o->depth, pos, seq, want};
     for (int r = -1; r < o->runs; r++) {
       double ts = kvl_bench_now();
       if ((rc = kvl_model_forward(m, be, &b, &kv, logits, NULL)) < 0) {
@@ -223,6 +240,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     json_object_set_new(res, "kv", json_string(kvname));
     json_object_set_new(res, "threads", json_integer(threads));
     json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
+    json_object_set_new(res, "depth", json_integer(o->depth));
     /* the memory the backend's repacked weight copies take (the avx512bf16 level) */
     json_object_set_new(res, "repacked_mib", json_real((double)kvl_wpack_total_bytes() / (1 << 20)));
     printf("%-20s %-7s %9.1f tokens/s  (sd %.1f, %d runs)", name, test, st.median, st.sd, o->runs);
@@ -308,6 +326,8 @@ static void usage(FILE *f) {
     "                     (q4_k_m) in $KVLINGO_MODELS (default ~/.cache/kvlingo/models)\n"
     "  -p, --prefill N,.. pp<N>: prefill N tokens in one forward, for each N given\n"
     "                     (default 512; llama-bench's set: -p 64,512,2048; 0 = skip)\n"
+    "  -d, --depth D      pp<N>@d<D>: D positions are in the cache before the N tokens\n"
+    "                     (a new turn's prefill after a D-token history; default 0)\n"
     "  -n, --decode N     tg<N>: N decode steps after a %d-token prompt (default 128; 0 = skip)\n"
     "  -r, --runs N       timed runs per figure (default 5)\n"
     "      --kv bf16|f32  KV cache storage (default bf16)\n"
@@ -338,7 +358,7 @@ int main(int argc, char **argv) {
   enum { O_KV = 1000, O_BW, O_OUT, O_BACKEND, O_PEAK };
   static const struct option lopts[] = {
     {"model", required_argument, 0, 'm'}, {"prefill", required_argument, 0, 'p'},
-    {"decode", required_argument, 0, 'n'}, {"runs", required_argument, 0, 'r'},
+    {"depth", required_argument, 0, 'd'}, {"decode", required_argument, 0, 'n'}, {"runs", required_argument, 0, 'r'},
     {"kv", required_argument, 0, O_KV}, {"bw", required_argument, 0, O_BW},
     {"out", required_argument, 0, O_OUT}, {"backend", required_argument, 0, O_BACKEND},
     {"peak", required_argument, 0, O_PEAK},
@@ -347,7 +367,7 @@ int main(int argc, char **argv) {
                          .peak_gops = -1, .out = "bench/results"};
   int c;
   char *end;
-  while ((c = getopt_long(argc, argv, "m:p:n:r:h", lopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "m:p:d:n:r:h", lopts, NULL)) != -1) {
     switch (c) {
     case 'm':
       if (o.n_models == MAX_MODELS) { fprintf(stderr, "bench-prefill-decode: at most %d models\n", MAX_MODELS); return 2; }
@@ -366,6 +386,7 @@ int main(int argc, char **argv) {
       free(list);
       break;
     }
+    case 'd': o.depth = parse_int(optarg, "-d", 0); break;
     case 'n': o.tg = parse_int(optarg, "-n", 0); break;
     case 'r': o.runs = parse_int(optarg, "-r", 1); break;
     case O_BACKEND:

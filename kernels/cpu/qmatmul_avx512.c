@@ -25,51 +25,72 @@
 enum { TG = 16 }; /* tokens per vector */
 
 /* The rows of a block against one group of 16 tokens: acc[r] lane t = row r . token t.
- * SB: elements per scale group. */
+ * SB: elements per scale group. Each row's integer sum runs as two chains (even and odd
+ * steps of 4 elements, added at the group's end): vpdpbusd's latency is several cycles,
+ * and with one chain per row it waited (8 chains to 16 took the 32-element formats from
+ * about 400 to 460 GOP/s on a Zen 4, old and new kernel called in turn; the sums are
+ * integers, so the results are bit-identical). OFF: where a format's group offset is OFF
+ * x its scale (Q8_0 +128, Q5_0 16, Q6_K 32), the group's integer sum starts at -OFF x the
+ * tokens' code sums, which takes the offset off in the integer domain and saves a
+ * multiply-add per row and group; 0 (Q4_K,
+ * whose offset is its own dmin x m): the offset subtracted in floating point. */
 static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_t K, const float *ws, const float *go,
                                                        int64_t ng, const int8_t *Bj, const float *XDj,
-                                                       const float *CBj, const int SB, const int RB, __m512 *acc) {
+                                                       const float *CBj, const int32_t *XSj, const int SB,
+                                                       const int RB, const int OFF, __m512 *acc) {
   for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < ng; g++) {
-    __m512i s32[RB];
+    const int64_t gi = g * SB / 16; /* the group's slot of XD, CB and XS (16-element slots) */
+    const __m512i s0 = OFF ? _mm512_mullo_epi32(_mm512_load_si512((const void *)(XSj + gi * TG)), _mm512_set1_epi32(-OFF))
+                           : _mm512_setzero_si512();
+    __m512i s32[8], s32b[8]; /* RB <= 8, fixed sizes (not VLAs) that stay in registers */
 #pragma GCC unroll 8
-    for (int r = 0; r < RB; r++) s32[r] = _mm512_setzero_si512();
+    for (int r = 0; r < RB; r++) s32[r] = s0, s32b[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-    for (int i = 0; i < SB / 4; i++) {
+    for (int i = 0; i < SB / 4; i += 2) {
       const __m512i xb = _mm512_load_si512((const void *)(Bj + (g * SB / 4 + i) * 64));
+      const __m512i xb1 = _mm512_load_si512((const void *)(Bj + (g * SB / 4 + i + 1) * 64));
 #pragma GCC unroll 8
       for (int r = 0; r < RB; r++) {
-        int32_t wv;
+        int32_t wv, wv1;
         memcpy(&wv, A + r * K + g * SB + 4 * i, 4);
+        memcpy(&wv1, A + r * K + g * SB + 4 * i + 4, 4);
         s32[r] = _mm512_dpbusd_epi32(s32[r], _mm512_set1_epi32(wv), xb);
+        s32b[r] = _mm512_dpbusd_epi32(s32b[r], _mm512_set1_epi32(wv1), xb1);
       }
     }
-    const int64_t gi = g * SB / 16; /* the group's slot of XD and CB (16-element slots) */
     const __m512 xd = _mm512_load_ps(XDj + gi * TG), cb = _mm512_load_ps(CBj + gi * TG);
 #pragma GCC unroll 8
     for (int r = 0; r < RB; r++) {
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[r]), _mm512_mul_ps(_mm512_set1_ps(ws[r * ng + g]), xd), acc[r]);
-      acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(go[r * ng + g]), cb, acc[r]);
+      const __m512 sf = _mm512_cvtepi32_ps(_mm512_add_epi32(s32[r], s32b[r]));
+      acc[r] = _mm512_fmadd_ps(sf, _mm512_mul_ps(_mm512_set1_ps(ws[r * ng + g]), xd), acc[r]);
+      if (!OFF) acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(go[r * ng + g]), cb, acc[r]);
     }
   }
 }
 
 /* RB rows per block: 8 for the 32-element groups; Q6_K's 16-element groups fold twice as
  * often, and 4 rows keep its sums and accumulators in registers (test-backend-ops --perf:
- * 8 rows cost it 15-20 % at 64 and 256 tokens) */
-#define RUN(RB, SB)                                                                                                \
-  static void run_##RB(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,  \
-                       const int8_t *Bj, const float *XD, const float *CB, float *v) {                           \
+ * 8 rows cost it 15-20 % at 64 and 256 tokens; with two chains per row, the same as 4) */
+#define RUN(NAME, RB, SB, OFF)                                                                                     \
+  static void NAME(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,      \
+                   const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v) {            \
     (void)type;                                                                                                  \
     __m512 acc[RB];                                                                                              \
-    block(A, K, ws, go, ng, Bj, XD, CB, SB, RB, acc);                                                            \
+    block(A, K, ws, go, ng, Bj, XD, CB, XS, SB, RB, OFF, acc);                                                   \
     for (int r = 0; r < RB; r++) _mm512_store_ps(v + r * TG, acc[r]);                                            \
   }
-RUN(8, 32)
-RUN(4, 16)
+RUN(run_q4_k, 8, 32, 0)
+RUN(run_q8_0, 8, 32, 128)
+RUN(run_q5_0, 8, 32, 16)
+RUN(run_q6_k, 4, 16, 32)
 
 int kvl__qmatmul_avx512vnni(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                             const float *xd, const int32_t *xs, int T, const float *bias, float *y) {
-  if (type == KVL_TYPE_Q6_K) return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, run_4);
-  return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_8);
+  switch (type) {
+  case KVL_TYPE_Q6_K: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, run_q6_k);
+  case KVL_TYPE_Q8_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q8_0);
+  case KVL_TYPE_Q5_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q5_0);
+  default: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q4_k);
+  }
 }

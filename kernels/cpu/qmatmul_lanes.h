@@ -24,10 +24,11 @@ static inline int64_t kvl__l2_bytes(void) {
 enum { KVL__LANES_MAX = 128 }; /* RB x TG at most (AVX-512: 8 rows x 16 tokens) */
 
 /* A block of RB unpacked rows (A: RB x K codes; ws, go: RB x ng group factors) against one
- * group of TG tokens (Bj: K/4 rows of TG x 4 activation bytes; XD, CB: per 16-element slot
- * and token, the activation scale and scale x code sum), results to v[r * TG + t]. */
+ * group of TG tokens (Bj: K/4 rows of TG x 4 activation bytes; XD, CB, XS: per 16-element
+ * slot and token, the activation scale, scale x code sum, and the code sum itself), results
+ * to v[r * TG + t]. */
 typedef void kvl__lanes_fn(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,
-                           const int8_t *Bj, const float *XD, const float *CB, float *v);
+                           const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v);
 
 static inline __attribute__((always_inline)) int
 kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
@@ -51,36 +52,40 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
   const int64_t tpt = budget / (int64_t)bsz > 1 ? budget / (int64_t)bsz : 1, n_tiles = (ntg + tpt - 1) / tpt;
   int8_t *B = aligned_alloc(64, bsz * ntg);
   float *XD = aligned_alloc(64, fsz * ntg * sizeof(float)), *CB = aligned_alloc(64, fsz * ntg * sizeof(float));
-  if (!B || !XD || !CB) {
-    free(B), free(XD), free(CB);
+  int32_t *XS = aligned_alloc(64, fsz * ntg * sizeof(int32_t));
+  if (!B || !XD || !CB || !XS) {
+    free(B), free(XD), free(CB), free(XS);
     return KVL_ENOMEM;
   }
   int rc = 0;
 #pragma omp parallel
   {
     /* per token group: B row i holds elements 4i..4i+3 of its TG tokens; per 16-element
-     * slot and token the scale of its 32-block (XD) and that scale times the slot's code sum
-     * (CB; for 32-element groups both halves, in the even slot) */
+     * slot and token the scale of its 32-block (XD), the slot's code sum (XS) and the two
+     * multiplied (CB); for 32-element groups XS and CB hold both halves, in the even slot */
 #pragma omp for schedule(static)
     for (int j = 0; j < ntg; j++) {
       const int t0 = TG * j, tn = T - t0 < TG ? T - t0 : TG;
       int32_t *b = (int32_t *)(B + bsz * j);
       float *xdv = XD + fsz * j, *cbv = CB + fsz * j;
+      int32_t *xsv = XS + fsz * j;
       memset(b, 0, bsz);
       memset(xdv, 0, fsz * sizeof(float));
       memset(cbv, 0, fsz * sizeof(float));
+      memset(xsv, 0, fsz * sizeof(int32_t));
       for (int t = 0; t < tn; t++) {
         const int8_t *q = xq + (int64_t)(t0 + t) * K;
         for (int64_t i = 0; i < K / 4; i++) memcpy(b + i * TG + t, q + 4 * i, 4);
         for (int64_t g = 0; g < K / 16; g++) {
           const float d = xd[(int64_t)(t0 + t) * (K / 32) + g / 2];
           xdv[g * TG + t] = d;
-          cbv[g * TG + t] = d * (float)xs[(int64_t)(t0 + t) * (K / 16) + g];
+          xsv[g * TG + t] = xs[(int64_t)(t0 + t) * (K / 16) + g];
+          cbv[g * TG + t] = d * (float)xsv[g * TG + t];
         }
       }
       if (SB == 32)
         for (int64_t g = 0; g < K / 16; g += 2)
-          for (int t = 0; t < TG; t++) cbv[g * TG + t] += cbv[(g + 1) * TG + t];
+          for (int t = 0; t < TG; t++) cbv[g * TG + t] += cbv[(g + 1) * TG + t], xsv[g * TG + t] += xsv[(g + 1) * TG + t];
     }
     /* a block's rows unpacked whole (codes, group scales and offsets); rows past N zero */
     uint8_t *A = calloc((size_t)RB * (size_t)K, 1);
@@ -109,7 +114,7 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
         const int8_t *Bj = B + bsz * j;
         const float *xdv = XD + fsz * j, *cbv = CB + fsz * j;
         float v[KVL__LANES_MAX] __attribute__((aligned(64))); /* RB x TG results */
-        run(type, A, K, ws, go, ng, Bj, xdv, cbv, v);
+        run(type, A, K, ws, go, ng, Bj, xdv, cbv, XS + fsz * j, v);
         const int t0 = TG * j, tn = T - t0 < TG ? T - t0 : TG;
         for (int t = 0; t < tn; t++)
           for (int r = 0; r < nr; r++) y[(int64_t)(t0 + t) * N + r0 + r] = v[r * TG + t] + (bias ? bias[r0 + r] : 0.0f);
@@ -122,6 +127,7 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
   free(B);
   free(XD);
   free(CB);
+  free(XS);
   return rc;
 }
 
