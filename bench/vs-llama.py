@@ -62,10 +62,9 @@ def llama_round(exe, paths, names, a, threads):
     out, build = {}, None
     for x in json.loads(r.stdout):
         name = names[os.path.basename(x["model_filename"])]
-        if x["n_gen"] > 0:
-            test = f"tg{x['n_gen']}"
-        else:
-            test = f"pp{x['n_prompt']}" + (f"@d{x['n_depth']}" if x.get("n_depth") else "")
+        test = f"tg{x['n_gen']}" if x["n_gen"] > 0 else f"pp{x['n_prompt']}"
+        if x.get("n_depth"):  # bench-prefill-decode's depth applies to pp only: a tg at depth matches nothing
+            test += f"@d{x['n_depth']}"
         out[(name, test)] = x["avg_ts"]
         build = x.get("build_commit")
     return out, build
@@ -80,7 +79,8 @@ def main():
     ap.add_argument("-m", "--model", action="append", help="a .gguf file (repeatable; default: the real pair)")
     ap.add_argument("-p", "--prefill", default="64,512", help="prompt lengths, comma-separated (0: none)")
     ap.add_argument("-n", "--decode", type=int, default=128, help="decode steps (0: none)")
-    ap.add_argument("-d", "--depth", type=int, default=0, help="positions already in the cache before each prompt")
+    ap.add_argument("-d", "--depth", type=int, default=0,
+                    help="positions already in the cache before each prompt (with -n 0: llama-bench would decode at that depth too)")
     ap.add_argument("--rounds", type=int, default=3, help="calls of each program, in turn")
     ap.add_argument("-r", "--runs", type=int, default=3, help="timed runs per call")
     ap.add_argument("--out", default=os.path.join("bench", "results"))
@@ -115,6 +115,7 @@ def main():
     results = []
     for key in sorted(k_runs[0], key=lambda k: (k[0], not k[1].startswith("pp"), k[1])):
         if not all(key in r for r in l_runs):
+            print(f"vs-llama: {key[0]} {key[1]}: no llama-bench figure to compare with, left out", file=sys.stderr)
             continue
         kv = [r[key] for r in k_runs]
         lv = [r[key] for r in l_runs]

@@ -8,8 +8,9 @@
  * 1), at positions that are multiples of the step; for every step and every row that
  * sees at least one of its keys (causal: key position <= the row's position):
  *
- *   scores   per block, 16 partial-sum vectors, one per key (d/16 FMAs each), summed
- *            across lanes in one transpose-and-add tree (hsum16): the block's 16 scores;
+ *   scores   per block, whose keys are widened transposed (one vector per element:
+ *            the 16 keys in lanes), d FMAs of the query's broadcast elements: the
+ *            block's 16 scores, no horizontal sums;
  *   softmax  online, per row and step: the running max m, the running sum l, and the
  *            rescale of the output accumulator by exp(m_old - m_new), with a vector exp
  *            (kvl__exp512): once per step;
@@ -30,35 +31,47 @@
 
 enum { TQ = 16, SB = 4 }; /* tokens per tile; KV blocks per softmax step, at most */
 
-/* lane j of the result = the sum of the 16 lanes of v[j]: halve the vectors four times,
- * each time adding the two halves of a pair side by side (128-bit chunks, then within
- * chunks), which leaves key c + 4m in lane 4c + m; one permute puts them in order */
-static inline __m512 hsum16(const __m512 v[16]) {
-  __m512 w[8], x[4], y[2];
-  for (int k = 0; k < 8; k++)
-    w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xee));
-  for (int k = 0; k < 4; k++)
-    x[k] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0x88),
-                         _mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0xdd));
-  for (int k = 0; k < 2; k++)
-    y[k] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * k], x[2 * k + 1], 0x44),
-                         _mm512_shuffle_ps(x[2 * k], x[2 * k + 1], 0xee));
-  __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_ps(order, z);
+/* r[c] = column c of the 16 x 16 matrix whose row j was r[j]: pairs of rows interleaved
+ * by 32 then 64 bits within 128-bit lanes, then the lanes gathered by two rounds of
+ * 128-bit shuffles */
+static inline void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16], v[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int b = 0; b < 16; b += 4) {
+    u[b] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[b]), _mm512_castps_pd(t[b + 2])));
+    u[b + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[b]), _mm512_castps_pd(t[b + 2])));
+    u[b + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[b + 1]), _mm512_castps_pd(t[b + 3])));
+    u[b + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[b + 1]), _mm512_castps_pd(t[b + 3])));
+  }
+  for (int i = 0; i < 4; i++) {
+    v[i] = _mm512_shuffle_f32x4(u[i], u[4 + i], 0x88);
+    v[4 + i] = _mm512_shuffle_f32x4(u[i], u[4 + i], 0xdd);
+    v[8 + i] = _mm512_shuffle_f32x4(u[8 + i], u[12 + i], 0x88);
+    v[12 + i] = _mm512_shuffle_f32x4(u[8 + i], u[12 + i], 0xdd);
+  }
+  for (int i = 0; i < 8; i++) {
+    r[i] = _mm512_shuffle_f32x4(v[i], v[8 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_f32x4(v[i], v[8 + i], 0xdd);
+  }
 }
 
-/* the 16 scores of one query row against a block (rows of kb past the block are zero) */
-static inline __m512 scores16(const float *q, const float *kb, int d) {
-  __m512 s[16];
-  for (int j = 0; j < 16; j++) s[j] = _mm512_setzero_ps();
-  for (int c = 0; c < d; c += 16) {
-    __m512 qc = _mm512_loadu_ps(q + c);
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; j++) s[j] = _mm512_fmadd_ps(_mm512_load_ps(kb + j * d + c), qc, s[j]);
+/* the 16 scores of one query row against a block whose keys are stored transposed (kt[c *
+ * 16 + j] = element c of key j; keys past the block zero): lane j = q . key j, one FMA per
+ * element with the query's element broadcast, in 8 chains (c mod 8) summed at the end. No
+ * horizontal sums: scoring a key row by row cost 16 FMA chains plus a 46-operation
+ * transpose-and-add tree per block and row */
+static inline __m512 scores16(const float *q, const float *kt, int d) {
+  __m512 s[8];
+  for (int k = 0; k < 8; k++) s[k] = _mm512_setzero_ps();
+  for (int c = 0; c < d; c += 8) {
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) s[k] = _mm512_fmadd_ps(_mm512_set1_ps(q[c + k]), _mm512_load_ps(kt + (c + k) * 16), s[k]);
   }
-  return hsum16(s);
+  return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])),
+                       _mm512_add_ps(_mm512_add_ps(s[4], s[5]), _mm512_add_ps(s[6], s[7])));
 }
 
 /* acc (d floats) = acc * corr + sum over the first nv keys of p[j] * vb[j]; ND = d / 16
@@ -114,6 +127,25 @@ static void widen(const struct kvl_kv_layout *l, const void *src, int kh, int nj
   }
 }
 
+/* the same, transposed for scores16: dst[c * 16 + j] = element c of key j, keys nj..15
+ * zero; 16 x 16 tiles through registers */
+static void widen_t(const struct kvl_kv_layout *l, const void *src, int kh, int nj, float *dst) {
+  const int d = l->head_dim, kvw = l->n_kv_head * d;
+  for (int c0 = 0; c0 < d; c0 += 16) {
+    __m512 r[16];
+    for (int j = 0; j < 16; j++) {
+      const size_t off = (size_t)j * kvw + (size_t)kh * d + (size_t)c0;
+      if (j >= nj) r[j] = _mm512_setzero_ps();
+      else if (l->dtype == KVL_KV_F32) r[j] = _mm512_loadu_ps((const float *)src + off);
+      else
+        r[j] = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + off))), 16));
+    }
+    transpose16(r);
+    for (int c = 0; c < 16; c++) _mm512_store_ps(dst + (size_t)(c0 + c) * 16, r[c]);
+  }
+}
+
 bool kvl__attention_avx512_fits(const struct kvl_attn_args *a) {
   const int d = a->kv->head_dim;
   return d % 16 == 0 && d <= 256 && a->n_head % a->kv->n_kv_head == 0;
@@ -150,9 +182,8 @@ void kvl__attention_avx512(const struct kvl_attn_args *a) {
         for (int b = 0; b * KVL_KV_BLOCK < nk; b++) {
           const int jb = j0 + b * KVL_KV_BLOCK, nj = nk - b * KVL_KV_BLOCK < KVL_KV_BLOCK ? nk - b * KVL_KV_BLOCK : KVL_KV_BLOCK;
           float *kbb = kb + (size_t)b * KVL_KV_BLOCK * d, *vbb = vb + (size_t)b * KVL_KV_BLOCK * d;
-          widen(l, kvl_kv_k_ptr(l, (void *)a->kv_base, bt[jb / KVL_KV_BLOCK], a->layer), kh, nj, kbb);
+          widen_t(l, kvl_kv_k_ptr(l, (void *)a->kv_base, bt[jb / KVL_KV_BLOCK], a->layer), kh, nj, kbb);
           widen(l, kvl_kv_v_ptr(l, (void *)a->kv_base, bt[jb / KVL_KV_BLOCK], a->layer), kh, nj, vbb);
-          memset(kbb + (size_t)nj * d, 0, (size_t)(KVL_KV_BLOCK - nj) * d * sizeof(float));
         }
         for (int i = 0; i < R; i++) {
           const int t = t0 + i / group, h = kh * group + i % group;
