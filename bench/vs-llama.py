@@ -9,8 +9,8 @@ tokens/s / llama.cpp tokens/s).
 A shared host drifts by 10-30 % within minutes, more than the differences worth knowing,
 so the two programs run in turn, --rounds times each (bench-prefill-decode, then
 llama-bench, then again), each call timing -r runs; a figure is the median over the
-rounds of each call's own median (kvlingo) or mean (llama-bench reports a mean), and the
-ratio is taken of those. Both get OMP_NUM_THREADS / -t = the machine's cores.
+rounds of each call's own median (kvlingo) or mean (llama-bench reports a mean), the
+ratio (value) is taken of those, and sd is the spread of the rounds' own ratios. Both get OMP_NUM_THREADS / -t = the machine's cores.
 
 llama-bench is not built here by default: scripts/build-llama-bench builds it from the
 llama-cpp-python source package on the package index (into ~/.cache/kvlingo/llama.cpp).
@@ -120,8 +120,11 @@ def main():
         kv = [r[key] for r in k_runs]
         lv = [r[key] for r in l_runs]
         km, lm = statistics.median(kv), statistics.median(lv)
+        per_round = [k / ll for k, ll in zip(kv, lv)]  # each round's own ratio: their spread is the sd
+        sd = statistics.stdev(per_round) if len(per_round) > 1 else 0.0
         results.append({"model": key[0], "test": "vs-llama", "workload": key[1], "value": round(km / lm, 3),
-                        "unit": "x", "runs": a.rounds, "sd": 0, "kvlingo_tps": round(km, 2), "llama_tps": round(lm, 2),
+                        "unit": "x", "runs": a.rounds, "sd": round(sd, 3), "kvlingo_tps": round(km, 2),
+                        "llama_tps": round(lm, 2),
                         "kvlingo_rounds": [round(x, 2) for x in kv], "llama_rounds": [round(x, 2) for x in lv],
                         "threads": threads, "llama_build": build, "runs_per_call": a.runs})
         print(f"{key[0]:<20} {key[1]:<10} kvlingo {km:8.1f}  llama.cpp {lm:8.1f}  {km / lm:5.2f}x")

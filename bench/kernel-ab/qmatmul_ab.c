@@ -11,6 +11,7 @@
  *                                           from memory, as a model's layers are)
  *
  * qmm_a / qmm_b: kvl__qmatmul_<level> of each tree, renamed at compile time. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
