@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""test-bench-prefill-decode.py — bench-prefill-decode on a tiny model: prefill at a depth
+(pp<N>@d<D>), decode, and the result rows it writes (shared/BENCH-FORMAT.md); a depth
+beyond the model's context and bad options are refused with a message, and no result
+file is written then.
+
+usage: test-bench-prefill-decode.py BENCH_PREFILL_DECODE TINY_GGUF_TOOL
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+bad = 0
+
+
+def check(cond, what):
+    global bad
+    print(("ok   " if cond else "FAIL ") + what)
+    bad += 0 if cond else 1
+
+
+def main():
+    exe, tiny_tool = sys.argv[1], sys.argv[2]
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    with tempfile.TemporaryDirectory() as d:
+        model = os.path.join(d, "tiny.gguf")
+        subprocess.run([tiny_tool, model], check=True)
+        out = os.path.join(d, "out")
+        r = subprocess.run([exe, "-m", model, "-p", "8,16", "-d", "24", "-n", "4", "-r", "2", "--peak", "0", "--out", out],
+                           capture_output=True, text=True, env=env)
+        check(r.returncode == 0, f"pp at depth 24 and tg4 run (rc {r.returncode}) {r.stderr[-500:] if r.returncode else ''}")
+        rep = json.load(open(os.path.join(out, "prefill-decode.json")))
+        rows = {x["test"]: x for x in rep["results"]}
+        check(set(rows) == {"pp8@d24", "pp16@d24", "tg4"}, f"rows pp8@d24, pp16@d24, tg4: {sorted(rows)}")
+        for t in ("pp8@d24", "pp16@d24"):
+            x = rows.get(t, {})
+            check(x.get("depth") == 24 and x.get("runs") == 2 and x.get("value", 0) > 0 and x.get("unit") == "tokens/s",
+                  f"{t}: depth 24, 2 runs, a positive tokens/s ({x.get('value')})")
+        check(rows.get("tg4", {}).get("value", 0) > 0 and "depth" not in rows.get("tg4", {}), "tg4: a positive tokens/s, no depth")
+        md = open(os.path.join(out, "prefill-decode.md")).read()
+        check("pp16@d24" in md, "the markdown table has the depth rows")
+
+        # without -d the names stay pp<N> and depth is 0
+        out0 = os.path.join(d, "out0")
+        r = subprocess.run([exe, "-m", model, "-p", "8", "-n", "0", "-r", "1", "--peak", "0", "--out", out0],
+                           capture_output=True, text=True, env=env)
+        rows0 = {x["test"]: x for x in json.load(open(os.path.join(out0, "prefill-decode.json")))["results"]} \
+            if r.returncode == 0 else {}
+        check(set(rows0) == {"pp8"} and rows0["pp8"].get("depth") == 0, f"no -d: one row pp8 at depth 0 ({sorted(rows0)})")
+
+        # a depth past the model's context: refused by name, nothing written
+        out1 = os.path.join(d, "out1")
+        r = subprocess.run([exe, "-m", model, "-p", "8", "-d", "1000000", "-n", "0", "-r", "1", "--peak", "0",
+                            "--out", out1], capture_output=True, text=True, env=env)
+        check(r.returncode != 0 and "exceed the model's context" in r.stderr and not os.path.exists(out1),
+              f"-d 1000000 refused, no result file (rc {r.returncode}: {r.stderr.strip()[-200:]})")
+        for args, what in ((["-d", "-3"], "a negative depth"), (["-d", "x"], "a depth that is not a number")):
+            r = subprocess.run([exe, "-m", model, "-p", "8", "-n", "0", "--out", out1] + args, capture_output=True,
+                               text=True, env=env)
+            check(r.returncode == 2 and "-d must be an integer" in r.stderr, f"{what} refused with usage status 2")
+    print(f"{'FAIL' if bad else 'ok'}: {bad} failed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
