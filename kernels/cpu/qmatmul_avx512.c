@@ -28,12 +28,12 @@ enum { TG = 16 }; /* tokens per vector */
  * SB: elements per scale group. Each row's integer sum runs as two chains (even and odd
  * steps of 4 elements, added at the group's end): vpdpbusd's latency is several cycles,
  * and with one chain per row it waited (8 chains to 16 took the 32-element formats from
- * about 400 to 460 GOP/s on a Zen 4, old and new kernel called in turn; the sums are
- * integers, so the results are bit-identical). OFF: where a format's group offset is OFF
- * x its scale (Q8_0 +128, Q5_0 16, Q6_K 32), the group's integer sum starts at -OFF x the
- * tokens' code sums, which takes the offset off in the integer domain and saves a
- * multiply-add per row and group; 0 (Q4_K,
- * whose offset is its own dmin x m): the offset subtracted in floating point. */
+ * about 400 to 460 GOP/s on a Zen 4: bench/kernel-ab/qmatmul-ab; the sums are integers,
+ * so the results are bit-identical).
+ * OFF: where a format's group offset is OFF x its scale (Q8_0 +128, Q5_0 16, Q6_K 32), the
+ * group's integer sum starts at -OFF x the tokens' code sums (XS), which takes the offset
+ * off exactly and saves a multiply-add per row and group. OFF 0 (Q4_K, whose offset is its
+ * own dmin x m): the offset go x CB is subtracted in floating point. */
 static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_t K, const float *ws, const float *go,
                                                        int64_t ng, const int8_t *Bj, const float *XDj,
                                                        const float *CBj, const int32_t *XSj, const int SB,

@@ -3,9 +3,9 @@
  * mean squared error, as ggml's test-backend-ops). `--perf` times the ops instead.
  *
  *   test-backend-ops            correctness (unit suite)
- *   test-backend-ops --perf [LEVEL...]   throughput of each op on model-sized shapes, the
- *                                        fastest call of 0.4 s (the
- *                                        levels named, e.g. avx2int8 avx2int8mm; default all)
+ *   test-backend-ops --perf [LEVEL...]   throughput of each op on model-sized shapes (the
+ *                                        fastest call in 0.4 s) on the levels named, e.g.
+ *                                        avx2int8 avx2int8mm; default all
  */
 #include <time.h>
 
