@@ -85,12 +85,71 @@ RUN(run_q8_0, 8, 32, 128)
 RUN(run_q5_0, 8, 32, 16)
 RUN(run_q6_k, 4, 16, 32)
 
+/* Q4_K rows straight from the packed blocks, one group of 16 tokens (kvl__lanes_direct_fn):
+ * a 32-bit load of codes holds 4 low nibbles (elements of sub-block 2j) and 4 high ones
+ * (the same places in sub-block 2j+1); AND 0x0f gives the first as bytes, AND 0xf0 the
+ * second times 16 (the 1/16 goes into their scale, exact), each into its own integer sum,
+ * which are the row's two chains. No unpacked copy to write and read back, which a single
+ * token group does not reuse (bench/kernel-ab/qmatmul-ab -T 16 on a Zen 4: +5-15 % in
+ * repeated runs, 16 tokens; neutral at 32, so two groups keep the copy). The same integer
+ * sums, each group's scale times 16 / 16 exactly: bit-identical to run_q4_k. */
+static inline __attribute__((always_inline)) void direct_q4_k_rows(const uint8_t *w, size_t row_bytes, int nr, int64_t K,
+                                                                   const int8_t *Bj, const float *XD, const float *CB,
+                                                                   const int RB, float *v) {
+  const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
+  const uint8_t *row[8];
+  for (int r = 0; r < RB; r++) row[r] = w + (size_t)(r < nr ? r : nr - 1) * row_bytes;
+  __m512 acc[8];
+  for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < K / 256; b++) {
+    float ws[8][8], go[8][8];
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; r++) kvl__q4_k_group_scales(row[r] + 144 * b, ws[r], go[r]);
+    for (int j = 0; j < 4; j++) {
+      const int64_t g = 8 * b + 2 * j; /* the low nibbles' 32-element group; g + 1 the high's */
+      __m512i slo[8], shi[8];
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; r++) slo[r] = _mm512_setzero_si512(), shi[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; i++) {
+        const __m512i xl = _mm512_load_si512((const void *)(Bj + (g * 8 + i) * 64));
+        const __m512i xh = _mm512_load_si512((const void *)(Bj + (g * 8 + 8 + i) * 64));
+#pragma GCC unroll 8
+        for (int r = 0; r < RB; r++) {
+          int32_t c;
+          memcpy(&c, row[r] + 144 * b + 16 + 32 * j + 4 * i, 4);
+          const __m512i cv = _mm512_set1_epi32(c);
+          slo[r] = _mm512_dpbusd_epi32(slo[r], _mm512_and_si512(cv, lo4), xl);
+          shi[r] = _mm512_dpbusd_epi32(shi[r], _mm512_and_si512(cv, hi4), xh);
+        }
+      }
+      const __m512 xdl = _mm512_load_ps(XD + 2 * g * TG), xdh = _mm512_load_ps(XD + 2 * (g + 1) * TG);
+      const __m512 cbl = _mm512_load_ps(CB + 2 * g * TG), cbh = _mm512_load_ps(CB + 2 * (g + 1) * TG);
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; r++) {
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(slo[r]), _mm512_mul_ps(_mm512_set1_ps(ws[r][2 * j]), xdl), acc[r]);
+        acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(go[r][2 * j]), cbl, acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(shi[r]),
+                                 _mm512_mul_ps(_mm512_set1_ps(ws[r][2 * j + 1] * 0.0625f), xdh), acc[r]);
+        acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(go[r][2 * j + 1]), cbh, acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < RB; r++) _mm512_store_ps(v + r * TG, acc[r]);
+}
+
+static void direct_q4_k(uint32_t type, const uint8_t *w, size_t row_bytes, int nr, int64_t K, const int8_t *Bj,
+                        const float *XD, const float *CB, const int32_t *XS, float *v) {
+  (void)type, (void)XS;
+  direct_q4_k_rows(w, row_bytes, nr, K, Bj, XD, CB, 8, v);
+}
+
 int kvl__qmatmul_avx512vnni(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                             const float *xd, const int32_t *xs, int T, const float *bias, float *y) {
   switch (type) {
-  case KVL_TYPE_Q6_K: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, run_q6_k);
-  case KVL_TYPE_Q8_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q8_0);
-  case KVL_TYPE_Q5_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q5_0);
-  default: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q4_k);
+  case KVL_TYPE_Q6_K: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, run_q6_k, NULL);
+  case KVL_TYPE_Q8_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q8_0, NULL);
+  case KVL_TYPE_Q5_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q5_0, NULL);
+  default: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q4_k, direct_q4_k);
   }
 }

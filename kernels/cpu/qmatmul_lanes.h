@@ -29,11 +29,16 @@ enum { KVL__LANES_MAX = 128 }; /* RB x TG at most (AVX-512: 8 rows x 16 tokens) 
  * to v[r * TG + t]. */
 typedef void kvl__lanes_fn(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,
                            const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v);
+/* The same for a block of nr <= RB rows read straight from the packed weights (w: the
+ * block's first row, rows row_bytes apart), without the unpacked copy: for one token group
+ * (decode batches), where the copy is not reused. NULL where a format has none. */
+typedef void kvl__lanes_direct_fn(uint32_t type, const uint8_t *w, size_t row_bytes, int nr, int64_t K,
+                                  const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v);
 
 static inline __attribute__((always_inline)) int
 kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                    const float *xd, const int32_t *xs, int T, const float *bias, float *y, const int TG, const int RB,
-                   const bool q8_offset, kvl__lanes_fn *run) {
+                   const bool q8_offset, kvl__lanes_fn *run, kvl__lanes_direct_fn *direct) {
   enum { CH = 256 }; /* elements per unpacked chunk */
   KVL_ASSERT(RB * TG <= KVL__LANES_MAX);
   const bool kq = type == KVL_TYPE_Q4_K || type == KVL_TYPE_Q6_K;
@@ -101,7 +106,8 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
       if (rc) continue;
       const int64_t bi = it % n_blocks, tile = it / n_blocks, r0 = bi * RB;
       const int nr = (int)(N - r0 < RB ? N - r0 : RB);
-      for (int r = 0; r < nr && have != bi; r++) {
+      const bool straight = direct && ntg == 1;
+      for (int r = 0; r < nr && have != bi && !straight; r++) {
         const uint8_t *row = (const uint8_t *)w + (size_t)(r0 + r) * row_bytes;
         for (int64_t k0 = 0; k0 < K; k0 += CH) {
           const int L = (int)(K - k0 < CH ? K - k0 : CH);
@@ -123,7 +129,8 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
         const int8_t *Bj = B + bsz * j;
         const float *xdv = XD + fsz * j, *cbv = CB + fsz * j;
         float v[KVL__LANES_MAX] __attribute__((aligned(64))); /* RB x TG results */
-        run(type, A, K, ws, go, ng, Bj, xdv, cbv, XS + fsz * j, v);
+        if (straight) direct(type, (const uint8_t *)w + (size_t)r0 * row_bytes, row_bytes, nr, K, Bj, xdv, cbv, XS + fsz * j, v);
+        else run(type, A, K, ws, go, ng, Bj, xdv, cbv, XS + fsz * j, v);
         const int t0 = TG * j, tn = T - t0 < TG ? T - t0 : TG;
         for (int t = 0; t < tn; t++)
           for (int r = 0; r < nr; r++) y[(int64_t)(t0 + t) * N + r0 + r] = v[r * TG + t] + (bias ? bias[r0 + r] : 0.0f);
