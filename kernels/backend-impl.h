@@ -56,8 +56,12 @@ int kvl__qdot_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *
  * format that reads xq): Q4_K unpacks two 64-element units and Q5_0 four blocks with one
  * 512-bit load each; the other formats read xq. */
 bool kvl__q8_order(uint32_t type, const int8_t *xq, int64_t K, int8_t *xp);
+/* Q4_K's activation side of one token prepared once per product (K % 256 == 0): per
+ * 256-element block, its eight scales d, then the eight d x (code sum of each 32): K/16
+ * floats. The single-token Q4_K kernel takes them as xf (NULL: the natural-order kernel). */
+void kvl__q4_k_act_factors(const float *xd, const int32_t *xs, int64_t K, float *xf);
 int kvl__qdot1_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp,
-                          const float *xd, const int32_t *xs, float *out);
+                          const float *xd, const int32_t *xs, const float *xf, float *out);
 /* The same for 2..16 tokens with the per-token scales prepared as vectors (K % 64 == 0):
  * sx, cx hold K/4 floats per token (kvl__q8_act_vec from one token's d and s16). */
 void kvl__q8_act_vec(const float *xd, const int32_t *s16, int64_t K, float *sx, float *cx);
@@ -117,7 +121,7 @@ struct kvl_backend {
   int (*qdot)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd, const int32_t *xs,
               int n_tokens, float *out);
   int (*qdot1)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp, const float *xd,
-               const int32_t *xs, float *out);
+               const int32_t *xs, const float *xf, float *out);
   int (*qdot_vec)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *sx, const float *cx,
                   int n_tokens, float *out);
   int qdot_max_t; /* CPU backend: the int8 decode kernels take products of up to this many

@@ -87,10 +87,17 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
    * and two single-token passes 0.2 (Q4_K, 4864 x 1536; test-backend-ops --perf); the 1.5B's
    * decode step with 2 / 3 streams went from 84 / 93 ms to 47 / 64 (bench-gen-throughput) */
   int8_t *xp = NULL;
+  float *xf = NULL; /* Q4_K: the per-token scale factors (kvl__q4_k_act_factors) */
   if (n_tokens <= KVL__QDOT1_MAX_T && be->qdot1) {
     xp = malloc((size_t)n_tokens * (size_t)K);
     KVL_ASSERT(xp);
     for (int t = 0; t < n_tokens; t++) kvl__q8_order(w->type, xq + (int64_t)t * K, K, xp + (int64_t)t * K);
+    if (w->type == KVL_TYPE_Q4_K) {
+      xf = malloc((size_t)n_tokens * (size_t)(K / 16) * sizeof(float));
+      KVL_ASSERT(xf);
+      for (int t = 0; t < n_tokens; t++)
+        kvl__q4_k_act_factors(xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16), K, xf + (int64_t)t * (K / 16));
+    }
   }
   /* several tokens: the per-token scales as vectors, prepared once (kvl__qdot_vec_*) */
   float *sx = NULL, *cx = NULL;
@@ -113,12 +120,13 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
     if (xp)
       for (int t = 0; t < n_tokens; t++)
         be->qdot1(w->type, row, K, xq + (int64_t)t * K, xp + (int64_t)t * K, xd + (int64_t)t * (K / 32),
-                  xs + (int64_t)t * (K / 16), v + t);
+                  xs + (int64_t)t * (K / 16), xf ? xf + (int64_t)t * (K / 16) : NULL, v + t);
     else if (sx) be->qdot_vec(w->type, row, K, xq, sx, cx, n_tokens, v);
     else be->qdot(w->type, row, K, xq, xd, xs, n_tokens, v);
     for (int t = 0; t < n_tokens; t++) y[(int64_t)t * N + r] = v[t] + (w->bias ? w->bias[r] : 0.0f);
   }
   free(xp);
+  free(xf);
   free(sx);
   free(cx);
   free(xq);

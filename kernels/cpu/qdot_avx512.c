@@ -380,22 +380,41 @@ static float dot1_q4_k(const uint8_t *w, int64_t nb, const struct acts *a) {
  * 128p+64..128p+95 of the block, its high nibbles 128p+32..63 and 128p+96..127, which is
  * where pair order puts the matching activations. So a pair of units costs one load and
  * three logic operations instead of eight, and the sub-block scales follow by permute.
- * Same arithmetic as dot1_q4_k in another order. */
-static float dot1_q4_k_pairs(const uint8_t *w, int64_t nb, const int8_t *xp, const float *xd_, const int32_t *xs_) {
+ * The block's 6-bit scales and mins are unpacked in a vector register (no scalar stores
+ * read back as a vector, which the store buffer cannot forward), lanes 0-7 the scales and
+ * 8-15 the mins, times (d, dmin) and the token's factors xf (kvl__q4_k_act_factors: the
+ * activation scales, and scale x code sum per 32): one product gives the dots' scales in
+ * lanes 0-7 and, fused into corr, the mins' correction in lanes 8-15. Same arithmetic
+ * as dot1_q4_k in another order. */
+static float dot1_q4_k_pairs(const uint8_t *w, int64_t nb, const int8_t *xp, const float *xf) {
   const __m512i lo4 = _mm512_set1_epi8(0x0f);
   /* lanes of the low / high nibbles of pair p: sub-blocks (4p, 4p+2) / (4p+1, 4p+3) */
   const __m512i ilo0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
   const __m512i ihi0 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(1));
   const __m512i ilo1 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(4));
   const __m512i ihi1 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(5));
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  __m256 corr = _mm256_setzero_ps();
+  /* the 12 scale bytes as 32-bit words u0 u1 u2: scales 0-3 = u0 & 0x3f.., mins 0-3 = u1 &
+   * 0x3f.., scales 4-7 = (u2 & 0x0f..) | ((u0 >> 2) & 0x30..), mins 4-7 = ((u2 >> 4) &
+   * 0x0f..) | ((u1 >> 2) & 0x30..); built as words [s0-3, s4-7, m0-3, m4-7] */
+  const __m128i sha = _mm_setr_epi32(0, 0, 0, 4), shb = _mm_setr_epi32(0, 2, 0, 2);
+  const __m128i ma = _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f);
+  const __m128i mb = _mm_setr_epi32(0, 0x30303030, 0, 0x30303030);
+  const __m512i dsel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++, w += 144) {
     _mm_prefetch((const char *)w + 4096, _MM_HINT_T1); /* 4 KiB ahead */
     _mm_prefetch((const char *)w + 4160, _MM_HINT_T1);
     _mm_prefetch((const char *)w + 4224, _MM_HINT_T1);
-    __m256 sc = q4_k_block1(w, xd_ + 8 * b, xs_ + 16 * b, &corr);
-    __m512 sc16 = _mm512_castps256_ps512(sc);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)w); /* d, dmin, scale bytes 0-11 */
+    const __m128i u = _mm_srli_si128(raw, 4);
+    const __m128i a = _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)), sha);
+    const __m128i c = _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)), shb);
+    const __m128i sm = _mm_or_si128(_mm_and_si128(a, ma), _mm_and_si128(c, mb));
+    const __m512 dm = _mm512_permutexvar_ps(dsel, _mm512_castps128_ps512(_mm_cvtph_ps(raw)));
+    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm)), dm);
+    const __m512 xfb = _mm512_loadu_ps(xf + 16 * b);
+    const __m512 sc16 = _mm512_mul_ps(f, xfb);
+    corr = _mm512_fmadd_ps(f, xfb, corr);
     const uint8_t *q = w + 16;
     const int8_t *x = xp + 256 * b;
     __m512i r0 = _mm512_loadu_si512(q), r1 = _mm512_loadu_si512(q + 64);
@@ -410,7 +429,17 @@ static float dot1_q4_k_pairs(const uint8_t *w, int64_t nb, const int8_t *xp, con
     acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d2), _mm512_permutexvar_ps(ilo1, sc16), acc0);
     acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d3), _mm512_permutexvar_ps(ihi1, sc16), acc1);
   }
-  return _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(acc0, acc1), _mm512_zextps256_ps512(corr)));
+  const __m256 c8 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(corr), 1));
+  return _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(acc0, acc1), _mm512_zextps256_ps512(c8)));
+}
+
+void kvl__q4_k_act_factors(const float *xd, const int32_t *xs, int64_t K, float *xf) {
+  for (int64_t b = 0; b < K / 256; b++)
+    for (int i = 0; i < 8; i++) {
+      const float d = xd[8 * b + i];
+      xf[16 * b + i] = d;
+      xf[16 * b + 8 + i] = d * (float)(xs[16 * b + 2 * i] + xs[16 * b + 2 * i + 1]);
+    }
 }
 
 static void dot_q4_k(const uint8_t *w, int64_t nb, const struct acts *a, float *out) {
@@ -481,9 +510,9 @@ bool kvl__q8_order(uint32_t type, const int8_t *xq, int64_t K, int8_t *xp) {
 }
 
 int kvl__qdot1_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp,
-                          const float *xd, const int32_t *xs, float *out) {
-  if (type == KVL_TYPE_Q4_K) {
-    *out = dot1_q4_k_pairs(w, K / 256, xp, xd, xs);
+                          const float *xd, const int32_t *xs, const float *xf, float *out) {
+  if (type == KVL_TYPE_Q4_K && xf) {
+    *out = dot1_q4_k_pairs(w, K / 256, xp, xf);
     return 0;
   }
   if (type == KVL_TYPE_Q5_0 && K % 128 == 0) {

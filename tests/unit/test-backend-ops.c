@@ -343,15 +343,17 @@ static void test_qdot_vec(void) {
     int32_t *xs = malloc((size_t)(K / 16) * 4);
     kvl__q8_act(x, K, xq, xd, xs);
     CHECK_EQ_INT(kvl__q8_order(ty[i], xq, K, xp), ty[i] == KVL_TYPE_Q4_K || ty[i] == KVL_TYPE_Q5_0);
+    float *xf = malloc((size_t)(K / 16) * 4);
+    if (ty[i] == KVL_TYPE_Q4_K) kvl__q4_k_act_factors(xd, xs, K, xf);
     for (int r = 0; r < R; r++) {
       const uint8_t *row = (const uint8_t *)wd + (size_t)r * rb;
       float a, b;
       CHECK_EQ_INT(be->qdot(ty[i], row, K, xq, xd, xs, 1, &a), 0);
-      CHECK_EQ_INT(be->qdot1(ty[i], row, K, xq, xp, xd, xs, &b), 0);
+      CHECK_EQ_INT(be->qdot1(ty[i], row, K, xq, xp, xd, xs, ty[i] == KVL_TYPE_Q4_K ? xf : NULL, &b), 0);
       if (ty[i] != KVL_TYPE_Q4_K && ty[i] != KVL_TYPE_Q5_0) CHECK(a == b);
       worst1 = fmax(worst1, fabs((double)a - b) / (fabs((double)a) + 1.0));
     }
-    free(x); free(xq); free(xp); free(xd); free(xs); free(wd);
+    free(x); free(xq); free(xp); free(xf); free(xd); free(xs); free(wd);
   }
   printf("  one token, reordered-activation kernels vs natural order: worst relative difference %.2e\n", worst1);
   CHECK(worst1 < 1e-5);
