@@ -132,6 +132,10 @@ struct kvl_backend {
   int (*qmatmul)(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                  const float *xd, const int32_t *xs, int n_tokens, const float *bias, float *y);
   int qmatmul_min_t;
+  /* CPU backend: one-token products as fp32 dot products, each row dequantised and dotted
+   * along k (the sink twin of the int8 levels, kvl_backend_fp32: the attention sink's rows
+   * are computed one per product, so no batch has to match their bits) */
+  bool row_dots;
 };
 
 #endif
