@@ -252,7 +252,7 @@ static void row_dot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const 
   const bool dense = w->type == KVL_TYPE_F32;
 #pragma omp parallel
   {
-    float *wf = dense ? NULL : aligned_alloc(64, (size_t)(K + 16) * sizeof(float));
+    float *wf = dense ? NULL : aligned_alloc(64, (size_t)((K + 15) / 16 * 16) * sizeof(float)); /* whole 64 bytes */
     KVL_ASSERT(dense || wf);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < N; r++) {

@@ -90,8 +90,8 @@ RUN(run_q6_k, 4, 16, 32)
  * (the same places in sub-block 2j+1); AND 0x0f gives the first as bytes, AND 0xf0 the
  * second times 16 (the 1/16 goes into their scale, exact), each into its own integer sum,
  * which are the row's two chains. No unpacked copy to write and read back, which a single
- * token group does not reuse (bench/kernel-ab/qmatmul-ab -T 16 on a Zen 4: +5-15 % in
- * repeated runs, 16 tokens; neutral at 32, so two groups keep the copy). The same integer
+ * token group does not reuse (bench/kernel-ab/qmatmul-ab -T 16 on a Zen 4, eight runs:
+ * new / old 0.95-1.24, median 1.12; neutral at 32 tokens, so two groups keep the copy). The same integer
  * sums, each group's scale times 16 / 16 exactly: bit-identical to run_q4_k. */
 static inline __attribute__((always_inline)) void direct_q4_k_rows(const uint8_t *w, size_t row_bytes, int nr, int64_t K,
                                                                    const int8_t *Bj, const float *XD, const float *CB,
