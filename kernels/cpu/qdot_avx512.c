@@ -322,21 +322,12 @@ static float dot1_q5_0_quads(const uint8_t *w, int64_t nb, const int8_t *xp, con
 
 /* Q4_K, one token, one block: its eight sub-block scales times d times the eight
  * activation scales xd (the return), and the mins' correction added to *corr (dmin x min x
- * activation scale x code sum of each 32, from the sums of 16 xs). The 12 scale bytes are
- * unpacked with 32-bit masks. */
+ * activation scale x code sum of each 32, from the sums of 16 xs). */
 static inline __m256 q4_k_block1(const uint8_t *w, const float *xd_, const int32_t *xs, __m256 *corr) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  uint32_t u[4];
-  memcpy(u, w + 4, 12);
-  u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* mins 4-7 */
-  uint32_t m03 = u[1] & 0x3f3f3f3fu;                                          /* mins 0-3 */
-  u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);         /* scales 4-7 */
-  u[2] = m03;
-  u[0] &= 0x3f3f3f3fu;                                                         /* scales 0-3 */
-  __m128i sm = _mm_loadu_si128((const __m128i *)u);
-  __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm));
-  __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+  __m256 scf, mnf;
+  kvl__q4_k_scales8(w + 4, &scf, &mnf);
   __m256 xd = _mm256_loadu_ps(xd_);
   __m512i s16 = _mm512_loadu_si512(xs); /* sums of 16 codes */
   __m256i s8 = _mm512_castsi512_si256(_mm512_add_epi32(_mm512_permutexvar_epi32(even, s16),
@@ -380,10 +371,10 @@ static float dot1_q4_k(const uint8_t *w, int64_t nb, const struct acts *a) {
  * 128p+64..128p+95 of the block, its high nibbles 128p+32..63 and 128p+96..127, which is
  * where pair order puts the matching activations. So a pair of units costs one load and
  * three logic operations instead of eight, and the sub-block scales follow by permute.
- * The block's 6-bit scales and mins are unpacked in a vector register (no scalar stores
- * read back as a vector, which the store buffer cannot forward), lanes 0-7 the scales and
- * 8-15 the mins, times (d, dmin) and the token's factors xf (kvl__q4_k_act_factors: the
- * activation scales, and scale x code sum per 32): one product gives the dots' scales in
+ * The block's 6-bit scales and mins are unpacked in a vector register
+ * (kvl__q4_k_scale_bytes), lanes 0-7 the scales and 8-15 the mins, times (d, dmin) and
+ * the token's factors xf (kvl__q4_k_act_factors: the activation scales, and scale x code
+ * sum per 32): one product gives the dots' scales in
  * lanes 0-7 and, fused into corr, the mins' correction in lanes 8-15. Same arithmetic
  * as dot1_q4_k in another order. */
 static float dot1_q4_k_pairs(const uint8_t *w, int64_t nb, const int8_t *xp, const float *xf) {
@@ -393,24 +384,14 @@ static float dot1_q4_k_pairs(const uint8_t *w, int64_t nb, const int8_t *xp, con
   const __m512i ihi0 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(1));
   const __m512i ilo1 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(4));
   const __m512i ihi1 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(5));
-  /* the 12 scale bytes as 32-bit words u0 u1 u2: scales 0-3 = u0 & 0x3f.., mins 0-3 = u1 &
-   * 0x3f.., scales 4-7 = (u2 & 0x0f..) | ((u0 >> 2) & 0x30..), mins 4-7 = ((u2 >> 4) &
-   * 0x0f..) | ((u1 >> 2) & 0x30..); built as words [s0-3, s4-7, m0-3, m4-7] */
-  const __m128i sha = _mm_setr_epi32(0, 0, 0, 4), shb = _mm_setr_epi32(0, 2, 0, 2);
-  const __m128i ma = _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f);
-  const __m128i mb = _mm_setr_epi32(0, 0x30303030, 0, 0x30303030);
   const __m512i dsel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++, w += 144) {
     _mm_prefetch((const char *)w + 4096, _MM_HINT_T1); /* 4 KiB ahead */
     _mm_prefetch((const char *)w + 4160, _MM_HINT_T1);
     _mm_prefetch((const char *)w + 4224, _MM_HINT_T1);
-    const __m128i raw = _mm_loadu_si128((const __m128i *)w); /* d, dmin, scale bytes 0-11 */
-    const __m128i u = _mm_srli_si128(raw, 4);
-    const __m128i a = _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)), sha);
-    const __m128i c = _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)), shb);
-    const __m128i sm = _mm_or_si128(_mm_and_si128(a, ma), _mm_and_si128(c, mb));
-    const __m512 dm = _mm512_permutexvar_ps(dsel, _mm512_castps128_ps512(_mm_cvtph_ps(raw)));
+    const __m128i sm = kvl__q4_k_scale_bytes(w + 4);
+    const __m512 dm = _mm512_permutexvar_ps(dsel, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadu_si32(w))));
     const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm)), dm);
     const __m512 xfb = _mm512_loadu_ps(xf + 16 * b);
     const __m512 sc16 = _mm512_mul_ps(f, xfb);
