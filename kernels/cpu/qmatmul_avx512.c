@@ -144,12 +144,58 @@ static void direct_q4_k(uint32_t type, const uint8_t *w, size_t row_bytes, int n
   direct_q4_k_rows(w, row_bytes, nr, K, Bj, XD, CB, 8, v);
 }
 
+/* kvl__lanes_store_fn for 16 tokens and 4 or 8 rows: the rows' vectors (16 tokens each)
+ * transposed in registers, so that each token's 4 or 8 results go to y as one store. The
+ * same additions (result + bias, + 0 without one) as the scalar loop: bit-identical. */
+static inline __attribute__((always_inline)) void store_rows(const float *v, const float *b, float *y, int64_t N,
+                                                             const int RB) {
+  /* q[i] (rows 0-3) and p[i] (rows 4-7): 128-bit lane l holds the rows of token 4l + i */
+  __m512 q[4], p[4];
+  for (int h = 0; h < RB / 4; h++) {
+    const float *u = v + 4 * h * TG;
+    const __m512 r0 = _mm512_load_ps(u), r1 = _mm512_load_ps(u + TG), r2 = _mm512_load_ps(u + 2 * TG),
+                 r3 = _mm512_load_ps(u + 3 * TG);
+    const __m512 a = _mm512_unpacklo_ps(r0, r1), c = _mm512_unpackhi_ps(r0, r1);
+    const __m512 e = _mm512_unpacklo_ps(r2, r3), g = _mm512_unpackhi_ps(r2, r3);
+    __m512 *o = h ? p : q;
+    o[0] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(e)));
+    o[1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(e)));
+    o[2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(c), _mm512_castps_pd(g)));
+    o[3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(c), _mm512_castps_pd(g)));
+  }
+  if (RB == 4) {
+    const __m128 bv = b ? _mm_loadu_ps(b) : _mm_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+      _mm_storeu_ps(y + (int64_t)i * N, _mm_add_ps(_mm512_extractf32x4_ps(q[i], 0), bv));
+      _mm_storeu_ps(y + (int64_t)(4 + i) * N, _mm_add_ps(_mm512_extractf32x4_ps(q[i], 1), bv));
+      _mm_storeu_ps(y + (int64_t)(8 + i) * N, _mm_add_ps(_mm512_extractf32x4_ps(q[i], 2), bv));
+      _mm_storeu_ps(y + (int64_t)(12 + i) * N, _mm_add_ps(_mm512_extractf32x4_ps(q[i], 3), bv));
+    }
+    return;
+  }
+  /* [q lane l, p lane l] is token 4l + i's eight results */
+  const __m512 bv = b ? _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)b))) : _mm512_setzero_ps();
+  for (int i = 0; i < 4; i++) {
+    const __m512 x01 = _mm512_shuffle_f32x4(q[i], p[i], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 x23 = _mm512_shuffle_f32x4(q[i], p[i], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(x01, x01, _MM_SHUFFLE(3, 1, 2, 0)), bv);
+    const __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(x23, x23, _MM_SHUFFLE(3, 1, 2, 0)), bv);
+    _mm256_storeu_ps(y + (int64_t)i * N, _mm512_castps512_ps256(y01));
+    _mm256_storeu_ps(y + (int64_t)(4 + i) * N, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y01), 1)));
+    _mm256_storeu_ps(y + (int64_t)(8 + i) * N, _mm512_castps512_ps256(y23));
+    _mm256_storeu_ps(y + (int64_t)(12 + i) * N, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y23), 1)));
+  }
+}
+
+static void store_8(const float *v, const float *b, float *y, int64_t N) { store_rows(v, b, y, N, 8); }
+static void store_4(const float *v, const float *b, float *y, int64_t N) { store_rows(v, b, y, N, 4); }
+
 int kvl__qmatmul_avx512vnni(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                             const float *xd, const int32_t *xs, int T, const float *bias, float *y) {
   switch (type) {
-  case KVL_TYPE_Q6_K: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, run_q6_k, NULL);
-  case KVL_TYPE_Q8_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q8_0, NULL);
-  case KVL_TYPE_Q5_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q5_0, NULL);
-  default: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q4_k, direct_q4_k);
+  case KVL_TYPE_Q6_K: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, run_q6_k, NULL, store_4);
+  case KVL_TYPE_Q8_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q8_0, NULL, store_8);
+  case KVL_TYPE_Q5_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q5_0, NULL, store_8);
+  default: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q4_k, direct_q4_k, store_8);
   }
 }
