@@ -94,17 +94,21 @@ static void one(int f, int64_t N, int64_t K, int T, int rounds, int copies) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: qmatmul-ab-run T[,T...] ROUNDS COPIES\n");
+  if (argc != 4 && argc != 6) {
+    fprintf(stderr, "usage: qmatmul-ab-run T[,T...] ROUNDS COPIES [N K]\n");
     return 2;
   }
+  /* default: 4864 x 1536 (between the models' FFN shapes: the 0.5B's 4864 x 896 and the
+   * 1.5B's 8960 x 1536); the 1.5B's down projection is 1536 x 8960 */
+  const int64_t N = argc == 6 ? atoll(argv[4]) : 4864, K = argc == 6 ? atoll(argv[5]) : 1536;
+  if (N < 1 || K < 256 || K % 256) { fprintf(stderr, "qmatmul-ab-run: N >= 1 and K a multiple of 256\n"); return 2; }
   const int rounds = atoi(argv[2]), copies = atoi(argv[3]);
   if (rounds < 1 || copies < 1) { fprintf(stderr, "qmatmul-ab-run: ROUNDS and COPIES must be >= 1\n"); return 2; }
   char *list = strdup(argv[1]);
   for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     const int T = atoi(tok);
     if (T < 1) { fprintf(stderr, "qmatmul-ab-run: bad token count '%s'\n", tok); return 2; }
-    for (int f = 0; f < 4; f++) one(f, 4864, 1536, T, rounds, copies); /* the 1.5B's FFN up/gate shape */
+    for (int f = 0; f < 4; f++) one(f, N, K, T, rounds, copies);
   }
   free(list);
   return 0;

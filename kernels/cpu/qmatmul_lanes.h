@@ -53,13 +53,17 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
   const int ntg = (T + TG - 1) / TG;                           /* groups of TG tokens */
   const int64_t n_blocks = (N + RB - 1) / RB, ng = K / SB;       /* RB-row blocks; scale groups per row */
   const size_t bsz = (size_t)K * TG, fsz = (size_t)(K / 16) * TG; /* per token group */
-  /* token tiles (prefill): as many groups as keep their activations within a quarter of
-   * L2, so that every row block meets a tile from cache; the tile-major order unpacks a row
-   * block once per tile (1 tile: decode batches). 128 KiB on a Zen 3 (512 KiB L2), 256 KiB
-   * on a Zen 5 (1 MiB): there the 1.5B's down projection (K = 8960) went from one token
-   * group per tile to two and pp512 from 189 to 239 tokens/s (bench/README.md) */
-  const int64_t budget = kvl__l2_bytes() / 4;
-  const int64_t tpt = budget / (int64_t)bsz > 1 ? budget / (int64_t)bsz : 1, n_tiles = (ntg + tpt - 1) / tpt;
+  /* token tiles (prefill): as many groups as keep their activations within twice the L2
+   * (the rest of a tile comes from L3), in tiles of equal size; the tile-major order
+   * unpacks a row block once per tile (1 tile: decode batches). Unpacking a block again
+   * for each small tile cost more than reading the tile from L3: with a quarter of L2
+   * (256 KiB on a Zen 4) the 1.5B's down projection (K = 8960: 140 KiB per group) had one
+   * group per tile, and twice the L2 made it 14-42 % faster at 64-512 tokens
+   * (bench/kernel-ab/qmatmul-ab --shape 1536x8960), other shapes neutral to +7 %; the
+   * whole batch in one tile lost 40-60 % at 2048 tokens (an 18 MiB tile) */
+  const int64_t budget = 2 * kvl__l2_bytes();
+  const int64_t most = budget / (int64_t)bsz > 1 ? budget / (int64_t)bsz : 1, n_tiles = (ntg + most - 1) / most;
+  const int64_t tpt = (ntg + n_tiles - 1) / n_tiles; /* tiles of equal size */
   int8_t *B = aligned_alloc(64, bsz * ntg);
   float *XD = aligned_alloc(64, fsz * ntg * sizeof(float)), *CB = aligned_alloc(64, fsz * ntg * sizeof(float));
   int32_t *XS = aligned_alloc(64, fsz * ntg * sizeof(int32_t));
