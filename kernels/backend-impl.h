@@ -35,10 +35,15 @@ struct kvl__simd {
    * it for every size. */
   void (*gemm_xt)(const float *w, int64_t ldw, int nr, const float *xg, int nt, float *y, int64_t ldy, int64_t K,
                   bool more);
+  /* Optional: *out = the dot product of one quantised row of K elements with x, the weights
+   * dequantised in registers (fp32, another order than dequant + dot); xs: the sums of x
+   * per 16 elements (K/16). KVL_ENOTSUP for a format it does not cover. */
+  int (*dequant_dot)(uint32_t type, const void *row, const float *x, const float *xs, int64_t K, float *out);
 };
 
 int kvl__dequant_avx512(uint32_t type, const void *src, float *dst, int64_t n);
 int kvl__dequant_avx2(uint32_t type, const void *src, float *dst, int64_t n);
+int kvl__dequant_dot_avx512(uint32_t type, const void *row, const float *x, const float *xs, int64_t K, float *out);
 void kvl__swiglu_scalar(const float *g, const float *u, float *y, int64_t n);
 
 /* Decode path with int8 activations (cpu/qdot_avx512.c, AVX-512 VNNI): quantise one row

@@ -238,30 +238,50 @@ static int qmatmul_call(kvl_backend_t *be, const struct kvl_weight *w, const flo
   return rc;
 }
 
-/* One token on the sink twins (kvl_backend.row_dots): each thread dequantises its rows one
- * at a time into a buffer that stays in L1/L2 and dots it with x (k along the lanes). The
- * outer-product kernel (xt_matmul) gives a lone token the bits it would have in any batch,
- * at one FMA per weight with fifteen of sixteen lanes idle; the sink's rows need no batch
- * to match (they are always computed alone), and on a Zen 4 the 1.5B's fp32 sink row took
- * ~0.33 s that way, ~10 % of bench-gen-throughput -c 16 whose prompts start with 16
- * different tokens. */
+/* One token on the sink twins (kvl_backend.row_dots): each thread dots its rows with x one
+ * at a time (k along the lanes), dequantised in registers where the level can
+ * (kvl__simd.dequant_dot), else into a buffer that stays in L1/L2. The outer-product kernel
+ * (xt_matmul) gives a lone token the bits it would have in any batch, at one FMA per
+ * weight with fifteen of sixteen lanes idle; the sink's rows need no batch to match (they
+ * are always computed alone). On a Zen 4 the 1.5B's fp32 sink row took ~0.33 s that way,
+ * ~10 % of bench-gen-throughput -c 16 whose prompts start with 16 different tokens; ~0.15 s
+ * through the buffer; ~0.08 s dequantised in registers (bench-prefill-decode -p 1 -n 0: one
+ * position-0 token with its logits, 120-150 -> 78-80 ms in turn). */
 static void row_dot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y) {
   const struct kvl__simd *s = S(be);
   const int64_t K = w->cols, N = w->rows;
   const size_t rb = kvl_row_size(w->type, (uint64_t)K);
   const bool dense = w->type == KVL_TYPE_F32;
+  /* where the level dots a quantised row without dequantising it into a buffer
+   * (kvl__simd.dequant_dot: about half the vector operations), x's sums of 16 for it */
+  float *xs = NULL;
+  float probe;
+  if (!dense && s->dequant_dot && K % 16 == 0 && (xs = malloc((size_t)(K / 16) * sizeof(float)))) {
+    for (int64_t i = 0; i < K / 16; i++) {
+      float a = 0.0f;
+      for (int k = 0; k < 16; k++) a += x[16 * i + k];
+      xs[i] = a;
+    }
+    if (s->dequant_dot(w->type, w->data, x, xs, K, &probe) != 0) free(xs), xs = NULL;
+  }
 #pragma omp parallel
   {
-    float *wf = dense ? NULL : aligned_alloc(64, (size_t)((K + 15) / 16 * 16) * sizeof(float)); /* whole 64 bytes */
-    KVL_ASSERT(dense || wf);
+    float *wf = dense || xs ? NULL : aligned_alloc(64, (size_t)((K + 15) / 16 * 16) * sizeof(float)); /* whole 64 bytes */
+    KVL_ASSERT(dense || xs || wf);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < N; r++) {
       const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
-      if (!dense) s->dequant(w->type, row, wf, K);
-      y[r] = s->dot(dense ? (const float *)(const void *)row : wf, x, K) + (w->bias ? w->bias[r] : 0.0f);
+      float v;
+      if (xs) s->dequant_dot(w->type, row, x, xs, K, &v);
+      else {
+        if (!dense) s->dequant(w->type, row, wf, K);
+        v = s->dot(dense ? (const float *)(const void *)row : wf, x, K);
+      }
+      y[r] = v + (w->bias ? w->bias[r] : 0.0f);
     }
     free(wf);
   }
+  free(xs);
 }
 
 static void cpu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {

@@ -115,4 +115,4 @@ static void swiglu(const float *g, const float *u, float *y, int64_t n) {
 }
 
 const struct kvl__simd kvl__simd_avx2 = {"avx2", dot, NULL, axpy, scale, kvl__dequant_avx2, swiglu,
-                                         gemm_xt};
+                                         gemm_xt, NULL};

@@ -99,4 +99,4 @@ static void swiglu(const float *g, const float *u, float *y, int64_t n) {
 }
 
 const struct kvl__simd kvl__simd_avx512 = {"avx512", dot, NULL, axpy, scale, kvl__dequant_avx512, swiglu,
-                                           gemm_xt};
+                                           gemm_xt, kvl__dequant_dot_avx512};

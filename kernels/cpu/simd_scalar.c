@@ -35,4 +35,4 @@ void kvl__swiglu_scalar(const float *g, const float *u, float *y, int64_t n) {
 }
 
 const struct kvl__simd kvl__simd_scalar = {"scalar", dot, gemm_tile, axpy, scale, kvl_dequant_row_ref, kvl__swiglu_scalar,
-                                           NULL};
+                                           NULL, NULL};
