@@ -67,6 +67,12 @@ bool kvl__q8_order(uint32_t type, const int8_t *xq, int64_t K, int8_t *xp);
 void kvl__q4_k_act_factors(const float *xd, const int32_t *xs, int64_t K, float *xf);
 int kvl__qdot1_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp,
                           const float *xd, const int32_t *xs, const float *xf, float *out);
+/* The single-token kernel for 2..6 tokens at once (token t's arrays at t x their per-token
+ * length, as qdot1 takes them one at a time): each weight block unpacked once, each
+ * token's result bit-identical to qdot1's for it alone. Q4_K (with xf) and Q6_K;
+ * KVL_ENOTSUP for the others (run qdot1 per token). */
+int kvl__qdot1n_avx512vnni(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
+                           const float *xd, const int32_t *xs, const float *xf, float *out);
 /* The same for 2..16 tokens with the per-token scales prepared as vectors (K % 64 == 0):
  * sx, cx hold K/4 floats per token (kvl__q8_act_vec from one token's d and s16). */
 void kvl__q8_act_vec(const float *xd, const int32_t *s16, int64_t K, float *sx, float *cx);
@@ -129,6 +135,8 @@ struct kvl_backend {
                const int32_t *xs, const float *xf, float *out);
   int (*qdot_vec)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *sx, const float *cx,
                   int n_tokens, float *out);
+  int (*qdot1n)(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
+                const float *xd, const int32_t *xs, const float *xf, float *out);
   int qdot_max_t; /* CPU backend: the int8 decode kernels take products of up to this many
                    * tokens, fp32 above (0: KVL__QDOT_USE_T); KVL_DECODE_INT8_MAX=N overrides */
   int bf16_min_t; /* CPU backend: products of at least this many tokens in bf16 (0: never) */

@@ -85,7 +85,10 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
    * single-token kernel reads them (kvl__qdot1_*), and that kernel once per token on a row
    * while it is in L1. On a Zen 5 two tokens cost 0.37 ms through the several-token kernel
    * and two single-token passes 0.2 (Q4_K, 4864 x 1536; test-backend-ops --perf); the 1.5B's
-   * decode step with 2 / 3 streams went from 84 / 93 ms to 47 / 64 (bench-gen-throughput) */
+   * decode step with 2 / 3 streams went from 84 / 93 ms to 47 / 64 (bench-gen-throughput).
+   * Q4_K and Q6_K go through qdot1n: the same kernel for all the tokens at once, each block
+   * unpacked once (bit-identical per token); on a Zen 4, 2 / 4 streams 58-64 / 99-114 ms ->
+   * 47 / 77-82 (in turn); at 8 tokens it lost to the lanes kernel (176 against 162 ms). */
   int8_t *xp = NULL;
   float *xf = NULL; /* Q4_K: the per-token scale factors (kvl__q4_k_act_factors) */
   if (n_tokens <= KVL__QDOT1_MAX_T && be->qdot1) {
@@ -117,11 +120,12 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
   for (int64_t r = 0; r < N; r++) {
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
     float v[KVL__QDOT_MAX_T];
-    if (xp)
-      for (int t = 0; t < n_tokens; t++)
-        be->qdot1(w->type, row, K, xq + (int64_t)t * K, xp + (int64_t)t * K, xd + (int64_t)t * (K / 32),
-                  xs + (int64_t)t * (K / 16), xf ? xf + (int64_t)t * (K / 16) : NULL, v + t);
-    else if (sx) be->qdot_vec(w->type, row, K, xq, sx, cx, n_tokens, v);
+    if (xp) {
+      if (n_tokens < 2 || !be->qdot1n || be->qdot1n(w->type, row, K, n_tokens, xq, xp, xd, xs, xf, v) != 0)
+        for (int t = 0; t < n_tokens; t++)
+          be->qdot1(w->type, row, K, xq + (int64_t)t * K, xp + (int64_t)t * K, xd + (int64_t)t * (K / 32),
+                    xs + (int64_t)t * (K / 16), xf ? xf + (int64_t)t * (K / 16) : NULL, v + t);
+    } else if (sx) be->qdot_vec(w->type, row, K, xq, sx, cx, n_tokens, v);
     else be->qdot(w->type, row, K, xq, xd, xs, n_tokens, v);
     for (int t = 0; t < n_tokens; t++) y[(int64_t)t * N + r] = v[t] + (w->bias ? w->bias[r] : 0.0f);
   }
@@ -507,11 +511,13 @@ static kvl_backend_t be_avx512_sink = {.name = "cpu-avx512-fp32", .ops = &cpu_op
                                        .row_dots = true};
 static kvl_backend_t be_avx2_sink = {.name = "cpu-avx2-fp32", .ops = &cpu_ops, .simd = &kvl__simd_avx2,
                                      .row_dots = true};
-#define VNNI_DECODE .q8_act = kvl__q8_act, .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni, .qdot_vec = kvl__qdot_vec_avx512vnni
+#define VNNI_DECODE                                                                                            \
+  .q8_act = kvl__q8_act, .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni,                          \
+  .qdot1n = kvl__qdot1n_avx512vnni, .qdot_vec = kvl__qdot_vec_avx512vnni
 static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE};
 /* The same, with batches of 7 or more tokens on the tokens-in-lanes kernel (16 per vector,
  * vpdpbusd: it costs about the same for 4 tokens as for 16); up to 6 the single-token
- * kernel runs once per token (qdot_matmul). On a Zen 5, the 1.5B's decode step (ITL p50,
+ * kernel runs once per token, or for all of them at once (qdot_matmul). On a Zen 5, the 1.5B's decode step (ITL p50,
  * bench-gen-throughput -n 64) with the lanes kernel from 4 tokens: 4 streams 134 ms, 8
  * streams 131; with the single-token kernel per token: 4 streams 84, 6 115, 8 154. Its
  * exact twin takes the lanes kernel for every size (int8 prefill).

@@ -414,6 +414,122 @@ static float dot1_q4_k_pairs(const uint8_t *w, int64_t nb, const int8_t *xp, con
   return _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(acc0, acc1), _mm512_zextps256_ps512(c8)));
 }
 
+/* ---- 2..6 tokens through the single-token kernels, each weight block unpacked once ------
+ *
+ * A decode step of a few streams ran the single-token kernel once per token on a row
+ * while it was in L1: the codes' unpacking and the block's scales were redone for every
+ * token. Here they are done once per block and every token runs the single-token
+ * kernel's own operations on them, in its order (per token: the same products, sums and
+ * accumulators), so each token's result has the bits it has alone (test-backend-ops
+ * checks). Registers: three accumulators per token. */
+#define QDOT1N_MAX 6
+
+static inline __attribute__((always_inline)) void dotn_q4_k_pairs(const uint8_t *w, int64_t nb, int64_t K,
+                                                                  const int8_t *xp, const float *xf, float *out,
+                                                                  const int T) {
+  const __m512i lo4 = _mm512_set1_epi8(0x0f);
+  const __m512i ilo0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+  const __m512i ihi0 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(1));
+  const __m512i ilo1 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(4));
+  const __m512i ihi1 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(5));
+  const __m512i dsel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  __m512 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX];
+  for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b++, w += 144) {
+    _mm_prefetch((const char *)w + 4096, _MM_HINT_T1);
+    _mm_prefetch((const char *)w + 4160, _MM_HINT_T1);
+    _mm_prefetch((const char *)w + 4224, _MM_HINT_T1);
+    const __m128i sm = kvl__q4_k_scale_bytes(w + 4);
+    const __m512 dm = _mm512_permutexvar_ps(dsel, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadu_si32(w))));
+    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm)), dm);
+    const __m512i r0 = _mm512_loadu_si512(w + 16), r1 = _mm512_loadu_si512(w + 80);
+    const __m512i u0 = _mm512_and_si512(r0, lo4), u1 = _mm512_and_si512(_mm512_srli_epi16(r0, 4), lo4);
+    const __m512i u2 = _mm512_and_si512(r1, lo4), u3 = _mm512_and_si512(_mm512_srli_epi16(r1, 4), lo4);
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) {
+      const __m512 xfb = _mm512_loadu_ps(xf + t * (K / 16) + 16 * b);
+      const __m512 sc16 = _mm512_mul_ps(f, xfb);
+      corr[t] = _mm512_fmadd_ps(f, xfb, corr[t]);
+      const int8_t *x = xp + t * K + 256 * b;
+      const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(x));
+      const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, _mm512_loadu_si512(x + 64));
+      const __m512i d2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u2, _mm512_loadu_si512(x + 128));
+      const __m512i d3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u3, _mm512_loadu_si512(x + 192));
+      acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(ilo0, sc16), acc0[t]);
+      acc1[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(ihi0, sc16), acc1[t]);
+      acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d2), _mm512_permutexvar_ps(ilo1, sc16), acc0[t]);
+      acc1[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d3), _mm512_permutexvar_ps(ihi1, sc16), acc1[t]);
+    }
+  }
+  for (int t = 0; t < T; t++) {
+    const __m256 c8 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(corr[t]), 1));
+    out[t] = _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(acc0[t], acc1[t]), _mm512_zextps256_ps512(c8)));
+  }
+}
+
+static inline __attribute__((always_inline)) void dotn_q6_k(const uint8_t *w, int64_t nb, int64_t K, const int8_t *xq,
+                                                            const float *xd, const int32_t *xs, float *out, const int T) {
+  const __m512i quads = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m512 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX];
+  for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b++, w += 210) {
+    for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T1);
+    const __m512 gs = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 192)))),
+                                    _mm512_set1_ps(kvl__h2f(w + 208)));
+    __m512i units[2][2];
+    kvl__q6_k_half(w, 0, units[0]);
+    kvl__q6_k_half(w, 1, units[1]);
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) {
+      const __m512 xdv = _mm512_permutexvar_ps(halves, _mm512_castps256_ps512(_mm256_loadu_ps(xd + t * (K / 32) + 8 * b)));
+      const __m512 sc = _mm512_mul_ps(gs, xdv);
+      corr[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_loadu_si512(xs + t * (K / 16) + 16 * b)), corr[t]);
+      const int8_t *x = xq + t * K + 256 * b;
+      for (int n = 0; n < 2; n++) {
+        const __m512i i0 = _mm512_add_epi32(quads, _mm512_set1_epi32(8 * n));
+        const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), units[n][0], _mm512_loadu_si512(x + 128 * n));
+        const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), units[n][1], _mm512_loadu_si512(x + 128 * n + 64));
+        acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(i0, sc), acc0[t]);
+        acc1[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(_mm512_add_epi32(i0, _mm512_set1_epi32(4)), sc),
+                                  acc1[t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; t++)
+    out[t] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr[t], _mm512_set1_ps(32.0f), _mm512_add_ps(acc0[t], acc1[t])));
+}
+
+#define N1CASE(f, T, ...)                                                                                      \
+  case T:                                                                                                      \
+    f(__VA_ARGS__, T);                                                                                         \
+    return 0;
+
+int kvl__qdot1n_avx512vnni(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
+                           const float *xd, const int32_t *xs, const float *xf, float *out) {
+  if (type == KVL_TYPE_Q4_K && xf) {
+    switch (n_tokens) {
+      N1CASE(dotn_q4_k_pairs, 2, w, K / 256, K, xp, xf, out)
+      N1CASE(dotn_q4_k_pairs, 3, w, K / 256, K, xp, xf, out)
+      N1CASE(dotn_q4_k_pairs, 4, w, K / 256, K, xp, xf, out)
+      N1CASE(dotn_q4_k_pairs, 5, w, K / 256, K, xp, xf, out)
+      N1CASE(dotn_q4_k_pairs, 6, w, K / 256, K, xp, xf, out)
+    default: break;
+    }
+  }
+  if (type == KVL_TYPE_Q6_K) {
+    switch (n_tokens) {
+      N1CASE(dotn_q6_k, 2, w, K / 256, K, xq, xd, xs, out)
+      N1CASE(dotn_q6_k, 3, w, K / 256, K, xq, xd, xs, out)
+      N1CASE(dotn_q6_k, 4, w, K / 256, K, xq, xd, xs, out)
+      N1CASE(dotn_q6_k, 5, w, K / 256, K, xq, xd, xs, out)
+      N1CASE(dotn_q6_k, 6, w, K / 256, K, xq, xd, xs, out)
+    default: break;
+    }
+  }
+  return KVL_ENOTSUP;
+}
+
 void kvl__q4_k_act_factors(const float *xd, const int32_t *xs, int64_t K, float *xf) {
   for (int64_t b = 0; b < K / 256; b++)
     for (int i = 0; i < 8; i++) {

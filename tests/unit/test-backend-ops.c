@@ -117,11 +117,12 @@ static void test_matmul(kvl_backend_t *be) {
         alone_is_same(be, &w, x, ye, T, true);
         free(ye);
       }
-      /* decode batches of up to KVL__QDOT1_MAX_T tokens on the single-token kernel, once
-       * per token (qdot_matmul): the first and last token as if each were alone */
+      /* decode batches of up to KVL__QDOT1_MAX_T tokens on the single-token kernel
+       * (qdot_matmul; Q4_K and Q6_K with each block unpacked once for all, qdot1n): every
+       * token as if it were alone */
       if (be->qdot1 && int8 && !amx && T > 1 && T <= KVL__QDOT1_MAX_T) {
         float *y1 = malloc((size_t)rows * sizeof(float));
-        for (int t = 0; t < T; t += T - 1) {
+        for (int t = 0; t < T; t++) {
           kvl_matmul(be, &w, x + (size_t)t * cols, y1, 1);
           CHECK(memcmp(y1, y + (size_t)t * rows, (size_t)rows * sizeof(float)) == 0);
         }
