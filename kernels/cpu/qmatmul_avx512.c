@@ -21,11 +21,13 @@
 #include <immintrin.h>
 
 #include "qmatmul_lanes.h"
+#include "qunpack_avx512.h"
 
 enum { TG = 16 }; /* tokens per vector */
 
-/* The rows of a block against one group of 16 tokens: acc[r] lane t = row r . token t.
- * SB: elements per scale group. Each row's integer sum runs as two chains (even and odd
+/* The rows of a block against one group of 16 tokens: acc[r] lane t (+)= row r . token t
+ * (block: from zero; block_more: added to what acc holds). A: the rows' codes, K bytes
+ * apart; ng groups. SB: elements per scale group. Each row's integer sum runs as two chains (even and odd
  * steps of 4 elements, added at the group's end): vpdpbusd's latency is several cycles,
  * and with one chain per row it waited (8 chains to 16 took the 32-element formats from
  * about 400 to 460 GOP/s on a Zen 4: bench/kernel-ab/qmatmul-ab; the sums are integers,
@@ -34,11 +36,10 @@ enum { TG = 16 }; /* tokens per vector */
  * group's integer sum starts at -OFF x the tokens' code sums (XS), which takes the offset
  * off exactly and saves a multiply-add per row and group. OFF 0 (Q4_K, whose offset is its
  * own dmin x m): the offset go x CB is subtracted in floating point. */
-static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_t K, const float *ws, const float *go,
-                                                       int64_t ng, const int8_t *Bj, const float *XDj,
-                                                       const float *CBj, const int32_t *XSj, const int SB,
-                                                       const int RB, const int OFF, __m512 *acc) {
-  for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+static inline __attribute__((always_inline)) void block_more(const uint8_t *A, int64_t K, const float *ws, const float *go,
+                                                            int64_t ng, const int8_t *Bj, const float *XDj,
+                                                            const float *CBj, const int32_t *XSj, const int SB,
+                                                            const int RB, const int OFF, __m512 *acc) {
   for (int64_t g = 0; g < ng; g++) {
     const int64_t gi = g * SB / 16; /* the group's slot of XD, CB and XS (16-element slots) */
     const __m512i s0 = OFF ? _mm512_mullo_epi32(_mm512_load_si512((const void *)(XSj + gi * TG)), _mm512_set1_epi32(-OFF))
@@ -67,6 +68,14 @@ static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_
       if (!OFF) acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(go[r * ng + g]), cb, acc[r]);
     }
   }
+}
+
+static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_t K, const float *ws, const float *go,
+                                                       int64_t ng, const int8_t *Bj, const float *XDj,
+                                                       const float *CBj, const int32_t *XSj, const int SB,
+                                                       const int RB, const int OFF, __m512 *acc) {
+  for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+  block_more(A, K, ws, go, ng, Bj, XDj, CBj, XSj, SB, RB, OFF, acc);
 }
 
 /* RB rows per block: 8 for the 32-element groups; Q6_K's 16-element groups fold twice as
@@ -144,6 +153,37 @@ static void direct_q4_k(uint32_t type, const uint8_t *w, size_t row_bytes, int n
   direct_q4_k_rows(w, row_bytes, nr, K, Bj, XD, CB, 8, v);
 }
 
+/* Q6_K rows straight from the packed blocks, one group of 16 tokens (kvl__lanes_direct_fn):
+ * each 256-element block of the 4 rows unpacked into 1 KiB that stays in L1 (AVX-512:
+ * 64 codes per select, where the driver's AVX2 unpacking built 32) just before run_q6_k's
+ * own operations take it, group by group in the same order: bit-identical to run_q6_k.
+ * The driver unpacked whole rows first, 35 KiB for 4 rows of the 1.5B's down projection
+ * (K = 8960), more than a Zen 4's L1. */
+static void direct_q6_k(uint32_t type, const uint8_t *w, size_t row_bytes, int nr, int64_t K, const int8_t *Bj,
+                        const float *XD, const float *CB, const int32_t *XS, float *v) {
+  (void)type;
+  enum { RB = 4 };
+  uint8_t A[RB * 256] __attribute__((aligned(64)));
+  float ws[RB * 16];
+  __m512 acc[RB];
+  for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < K / 256; c++) {
+    for (int r = 0; r < RB; r++) {
+      const uint8_t *b = w + (size_t)(r < nr ? r : nr - 1) * row_bytes + 210 * c;
+      __m512i u[2];
+      for (int n = 0; n < 2; n++) {
+        kvl__q6_k_half(b, n, u);
+        _mm512_store_si512((void *)(A + 256 * r + 128 * n), u[0]);
+        _mm512_store_si512((void *)(A + 256 * r + 128 * n + 64), u[1]);
+      }
+      _mm512_storeu_ps(ws + 16 * r, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))),
+                                                  _mm512_set1_ps(kvl__h2f(b + 208))));
+    }
+    block_more(A, 256, ws, NULL, 16, Bj + 4096 * c, XD + 16 * TG * c, CB + 16 * TG * c, XS + 16 * TG * c, 16, RB, 32, acc);
+  }
+  for (int r = 0; r < RB; r++) _mm512_store_ps(v + r * TG, acc[r]);
+}
+
 /* kvl__lanes_store_fn for 16 tokens and 4 or 8 rows: the rows' vectors (16 tokens each)
  * transposed in registers, so that each token's 4 or 8 results go to y as one store. The
  * same additions (result + bias, + 0 without one) as the scalar loop: bit-identical. */
@@ -193,7 +233,7 @@ static void store_4(const float *v, const float *b, float *y, int64_t N) { store
 int kvl__qmatmul_avx512vnni(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                             const float *xd, const int32_t *xs, int T, const float *bias, float *y) {
   switch (type) {
-  case KVL_TYPE_Q6_K: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, run_q6_k, NULL, store_4);
+  case KVL_TYPE_Q6_K: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, run_q6_k, direct_q6_k, store_4);
   case KVL_TYPE_Q8_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q8_0, NULL, store_8);
   case KVL_TYPE_Q5_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q5_0, NULL, store_8);
   default: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q4_k, direct_q4_k, store_8);
