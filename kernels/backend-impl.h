@@ -69,8 +69,8 @@ int kvl__qdot1_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t 
                           const float *xd, const int32_t *xs, const float *xf, float *out);
 /* The single-token kernel for 2..6 tokens at once (token t's arrays at t x their per-token
  * length, as qdot1 takes them one at a time): each weight block unpacked once, each
- * token's result bit-identical to qdot1's for it alone. Q4_K (with xf) and Q6_K;
- * KVL_ENOTSUP for the others (run qdot1 per token). */
+ * token's result bit-identical to qdot1's for it alone. The four int8 formats (Q4_K with
+ * xf; K a multiple of 64); KVL_ENOTSUP otherwise (run qdot1 per token). */
 int kvl__qdot1n_avx512vnni(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
                            const float *xd, const int32_t *xs, const float *xf, float *out);
 /* The same for 2..16 tokens with the per-token scales prepared as vectors (K % 64 == 0):

@@ -86,7 +86,7 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
    * while it is in L1. On a Zen 5 two tokens cost 0.37 ms through the several-token kernel
    * and two single-token passes 0.2 (Q4_K, 4864 x 1536; test-backend-ops --perf); the 1.5B's
    * decode step with 2 / 3 streams went from 84 / 93 ms to 47 / 64 (bench-gen-throughput).
-   * Q4_K and Q6_K go through qdot1n: the same kernel for all the tokens at once, each block
+   * qdot1n runs the same kernel for all the tokens at once (where it has the format), each block
    * unpacked once (bit-identical per token); on a Zen 4, 2 / 4 streams 58-64 / 99-114 ms ->
    * 47 / 77-82 (in turn); at 8 tokens it lost to the lanes kernel (176 against 162 ms). */
   int8_t *xp = NULL;

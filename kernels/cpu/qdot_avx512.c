@@ -421,7 +421,7 @@ static float dot1_q4_k_pairs(const uint8_t *w, int64_t nb, const int8_t *xp, con
  * token. Here they are done once per block and every token runs the single-token
  * kernel's own operations on them, in its order (per token: the same products, sums and
  * accumulators), so each token's result has the bits it has alone (test-backend-ops
- * checks). Registers: three accumulators per token. */
+ * checks). Registers: three or four vectors per token. */
 #define QDOT1N_MAX 6
 
 static inline __attribute__((always_inline)) void dotn_q4_k_pairs(const uint8_t *w, int64_t nb, int64_t K,
@@ -500,6 +500,100 @@ static inline __attribute__((always_inline)) void dotn_q6_k(const uint8_t *w, in
     out[t] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr[t], _mm512_set1_ps(32.0f), _mm512_add_ps(acc0[t], acc1[t])));
 }
 
+/* dot1_blocks16 (Q8_0, Q5_0 where K is not a multiple of 128) for T tokens: a[t] is token t */
+static inline __attribute__((always_inline)) void dotn_blocks16(const uint8_t *w, int64_t nb, const struct acts *a,
+                                                                const int stride, const int q5, float *out, const int T) {
+  __m512 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX], sc[QDOT1N_MAX];
+  const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b += 16, w += 16 * stride) {
+    int n = nb - b < 16 ? (int)(nb - b) : 16;
+    __mmask16 m = (__mmask16)(0xffffu >> (16 - n));
+    for (int o = 0; o < 16 * stride; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T0);
+    __m512 ws = block_scales16(w, stride, m);
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) {
+      sc[t] = _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(m, DA(&a[t], 0) + b));
+      corr[t] = _mm512_fmadd_ps(ws, block_sums16(&a[t], b, m), corr[t]);
+    }
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+      const uint8_t *p = w + j * stride;
+      __m512i u0 = q5 ? kvl__q5_0_pair(p) : kvl__q8_0_pair(p), u1 = q5 ? kvl__q5_0_pair(p + 2 * stride) : kvl__q8_0_pair(p + 2 * stride);
+      __m512i i0 = _mm512_add_epi32(lanes, _mm512_set1_epi32(j));
+      __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(2));
+#pragma GCC unroll 6
+      for (int t = 0; t < T; t++) {
+        const int8_t *xq = QA(&a[t], 0);
+        __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(xq + 32 * (b + j)));
+        __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, _mm512_loadu_si512(xq + 32 * (b + j + 2)));
+        acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(i0, sc[t]), acc0[t]);
+        acc1[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(i1, sc[t]), acc1[t]);
+      }
+    }
+    if (j < n) {
+      const uint8_t *p = w + j * stride;
+      __m512i u0 = q5 ? kvl__q5_0_pair(p) : kvl__q8_0_pair(p);
+      for (int t = 0; t < T; t++) {
+        __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(QA(&a[t], 0) + 32 * (b + j)));
+        acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0),
+                                  _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(j)), sc[t]), acc0[t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; t++)
+    out[t] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr[t], _mm512_set1_ps(q5 ? 16.0f : 128.0f), _mm512_add_ps(acc0[t], acc1[t])));
+}
+
+/* dot1_q5_0_quads for T tokens (xp: token t's codes in quad order at t x K) */
+static inline __attribute__((always_inline)) void dotn_q5_0_quads(const uint8_t *w, int64_t nb, int64_t K,
+                                                                  const int8_t *xp, const struct acts *a, float *out,
+                                                                  const int T) {
+  const __m512i lo4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+  const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  __m512 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX], sc[QDOT1N_MAX];
+  for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b += 16, w += 16 * 22) {
+    int n = nb - b < 16 ? (int)(nb - b) : 16;
+    __mmask16 m = (__mmask16)(0xffffu >> (16 - n));
+    for (int o = 0; o < 16 * 22; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T0);
+    __m512 ws = block_scales16(w, 22, m);
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) {
+      sc[t] = _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(m, DA(&a[t], 0) + b));
+      corr[t] = _mm512_fmadd_ps(ws, block_sums16(&a[t], b, m), corr[t]);
+    }
+    for (int j = 0; j < n; j += 4) {
+      const uint8_t *p = w + j * 22;
+      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 6)));
+      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 28)), 1);
+      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 50)), 2);
+      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 72)), 3);
+      uint32_t h[4];
+      for (int k = 0; k < 4; k++) memcpy(&h[k], p + 22 * k + 2, 4);
+      uint64_t mlo = (uint64_t)(h[0] & 0xffff) | (uint64_t)(h[1] & 0xffff) << 16 | (uint64_t)(h[2] & 0xffff) << 32 |
+                     (uint64_t)(h[3] & 0xffff) << 48;
+      uint64_t mhi = (uint64_t)(h[0] >> 16) | (uint64_t)(h[1] >> 16) << 16 | (uint64_t)(h[2] >> 16) << 32 |
+                     (uint64_t)(h[3] >> 16) << 48;
+      __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+      lo = _mm512_mask_add_epi8(lo, (__mmask64)mlo, lo, bit4);
+      hi = _mm512_mask_add_epi8(hi, (__mmask64)mhi, hi, bit4);
+      const __m512i iq = _mm512_add_epi32(quad, _mm512_set1_epi32(j));
+#pragma GCC unroll 6
+      for (int t = 0; t < T; t++) {
+        const int8_t *x = xp + t * K + 32 * (b + j);
+        __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x));
+        __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(x + 64));
+        __m512 s4 = _mm512_permutexvar_ps(iq, sc[t]);
+        acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), s4, acc0[t]);
+        acc1[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), s4, acc1[t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; t++)
+    out[t] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr[t], _mm512_set1_ps(16.0f), _mm512_add_ps(acc0[t], acc1[t])));
+}
+
 #define N1CASE(f, T, ...)                                                                                      \
   case T:                                                                                                      \
     f(__VA_ARGS__, T);                                                                                         \
@@ -514,6 +608,30 @@ int kvl__qdot1n_avx512vnni(uint32_t type, const void *w, int64_t K, int n_tokens
       N1CASE(dotn_q4_k_pairs, 4, w, K / 256, K, xp, xf, out)
       N1CASE(dotn_q4_k_pairs, 5, w, K / 256, K, xp, xf, out)
       N1CASE(dotn_q4_k_pairs, 6, w, K / 256, K, xp, xf, out)
+    default: break;
+    }
+  }
+  struct acts a[QDOT1N_MAX];
+  for (int t = 0; t < n_tokens && t < QDOT1N_MAX; t++)
+    a[t] = (struct acts){xq + t * K, xd + t * (K / 32), xs + t * (K / 16), K, 1};
+  if (type == KVL_TYPE_Q5_0 && K % 128 == 0) {
+    switch (n_tokens) {
+      N1CASE(dotn_q5_0_quads, 2, w, K / 32, K, xp, a, out)
+      N1CASE(dotn_q5_0_quads, 3, w, K / 32, K, xp, a, out)
+      N1CASE(dotn_q5_0_quads, 4, w, K / 32, K, xp, a, out)
+      N1CASE(dotn_q5_0_quads, 5, w, K / 32, K, xp, a, out)
+      N1CASE(dotn_q5_0_quads, 6, w, K / 32, K, xp, a, out)
+    default: break;
+    }
+  }
+  if ((type == KVL_TYPE_Q5_0 || type == KVL_TYPE_Q8_0) && K % 64 == 0) { /* the single-token kernel's even nb */
+    const int stride = type == KVL_TYPE_Q5_0 ? 22 : 34, q5 = type == KVL_TYPE_Q5_0;
+    switch (n_tokens) {
+      N1CASE(dotn_blocks16, 2, w, K / 32, a, stride, q5, out)
+      N1CASE(dotn_blocks16, 3, w, K / 32, a, stride, q5, out)
+      N1CASE(dotn_blocks16, 4, w, K / 32, a, stride, q5, out)
+      N1CASE(dotn_blocks16, 5, w, K / 32, a, stride, q5, out)
+      N1CASE(dotn_blocks16, 6, w, K / 32, a, stride, q5, out)
     default: break;
     }
   }
