@@ -266,7 +266,7 @@ static void row_dot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const 
       for (int k = 0; k < 16; k++) a += x[16 * i + k];
       xs[i] = a;
     }
-    if (s->dequant_dot(w->type, w->data, x, xs, K, &probe) != 0) free(xs), xs = NULL;
+    if (s->dequant_dot(w->type, w->data, x, xs, 0, &probe) != 0) free(xs), xs = NULL; /* the format covered? */
   }
 #pragma omp parallel
   {
