@@ -18,6 +18,18 @@ static inline float h2f(const uint8_t *p) { /* F16C: exact, as the reference */
 /* 16 bytes -> 16 x int32 */
 static inline __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
 
+/* one Q5_0 block's (b: 22 bytes) 32 signed codes (-16..15) as two vectors of 16 int32 */
+static inline void q5_0_codes32(const uint8_t *b, __m512i *x0, __m512i *x1) {
+  const __m512i lo4 = _mm512_set1_epi32(0x0f), c16 = _mm512_set1_epi32(16);
+  uint32_t qh;
+  memcpy(&qh, b + 2, 4);
+  __m512i q = u8x16(b + 6);
+  __m512i a = _mm512_and_si512(q, lo4), c = _mm512_srli_epi32(q, 4);
+  a = _mm512_mask_or_epi32(a, (__mmask16)(qh & 0xffff), a, c16);
+  c = _mm512_mask_or_epi32(c, (__mmask16)(qh >> 16), c, c16);
+  *x0 = _mm512_sub_epi32(a, c16), *x1 = _mm512_sub_epi32(c, c16);
+}
+
 static void q8_0(const uint8_t *b, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++, b += 34, y += 32) {
     __m512 d = _mm512_set1_ps(h2f(b));
@@ -29,17 +41,12 @@ static void q8_0(const uint8_t *b, float *y, int64_t nb) {
 }
 
 static void q5_0(const uint8_t *b, float *y, int64_t nb) {
-  const __m512i lo4 = _mm512_set1_epi32(0x0f), c16 = _mm512_set1_epi32(16);
   for (int64_t i = 0; i < nb; i++, b += 22, y += 32) {
     __m512 d = _mm512_set1_ps(h2f(b));
-    uint32_t qh;
-    memcpy(&qh, b + 2, 4);
-    __m512i q = u8x16(b + 6);
-    __m512i x0 = _mm512_and_si512(q, lo4), x1 = _mm512_srli_epi32(q, 4);
-    x0 = _mm512_mask_or_epi32(x0, (__mmask16)(qh & 0xffff), x0, c16);
-    x1 = _mm512_mask_or_epi32(x1, (__mmask16)(qh >> 16), x1, c16);
-    _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(x0, c16)), d));
-    _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(x1, c16)), d));
+    __m512i x0, x1;
+    q5_0_codes32(b, &x0, &x1);
+    _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(x0), d));
+    _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(x1), d));
   }
 }
 
@@ -121,17 +128,12 @@ static float dd_q8_0(const uint8_t *b, const float *x, int64_t nb) {
 }
 
 static float dd_q5_0(const uint8_t *b, const float *x, int64_t nb) {
-  const __m512i lo4 = _mm512_set1_epi32(0x0f), c16 = _mm512_set1_epi32(16);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; i++, b += 22, x += 32) {
-    uint32_t qh;
-    memcpy(&qh, b + 2, 4);
-    __m512i q = u8x16(b + 6);
-    __m512i x0 = _mm512_and_si512(q, lo4), x1 = _mm512_srli_epi32(q, 4);
-    x0 = _mm512_mask_or_epi32(x0, (__mmask16)(qh & 0xffff), x0, c16);
-    x1 = _mm512_mask_or_epi32(x1, (__mmask16)(qh >> 16), x1, c16);
-    __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(x0, c16)), _mm512_loadu_ps(x));
-    s = fq(_mm512_sub_epi32(x1, c16), x + 16, s);
+    __m512i x0, x1;
+    q5_0_codes32(b, &x0, &x1);
+    __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(x0), _mm512_loadu_ps(x));
+    s = fq(x1, x + 16, s);
     acc = _mm512_fmadd_ps(s, _mm512_set1_ps(h2f(b)), acc);
   }
   return _mm512_reduce_add_ps(acc);

@@ -277,6 +277,26 @@ static void dot_q5_0(const uint8_t *w, int64_t nb, const struct acts *a, float *
   else *out = dot1_blocks16(w, nb, a, 22, 1);
 }
 
+/* four Q5_0 blocks (p: the first, 22 bytes apart) as codes 0..31 in quad order: lo holds
+ * the low nibbles (elements 0-15 of each block, 16 bytes per block), hi the high ones
+ * (16-31), each plus its fifth bit as 16 (a masked add from two 64-bit byte masks) */
+static inline void q5_0_quad(const uint8_t *p, __m512i *lo, __m512i *hi) {
+  const __m512i lo4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+  __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 6)));
+  v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 28)), 1);
+  v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 50)), 2);
+  v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 72)), 3);
+  uint32_t h[4];
+  for (int k = 0; k < 4; k++) memcpy(&h[k], p + 22 * k + 2, 4);
+  uint64_t mlo = (uint64_t)(h[0] & 0xffff) | (uint64_t)(h[1] & 0xffff) << 16 | (uint64_t)(h[2] & 0xffff) << 32 |
+                 (uint64_t)(h[3] & 0xffff) << 48;
+  uint64_t mhi = (uint64_t)(h[0] >> 16) | (uint64_t)(h[1] >> 16) << 16 | (uint64_t)(h[2] >> 16) << 32 |
+                 (uint64_t)(h[3] >> 16) << 48;
+  *lo = _mm512_mask_add_epi8(_mm512_and_si512(v, lo4), (__mmask64)mlo, _mm512_and_si512(v, lo4), bit4);
+  *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+  *hi = _mm512_mask_add_epi8(*hi, (__mmask64)mhi, *hi, bit4);
+}
+
 /* Q5_0, one token, activations in quad order (kvl__q8_order): four blocks' 16 code bytes
  * in one register, whose low nibbles are elements 0-15 of the four blocks and high
  * nibbles 16-31, where quad order puts the matching activations. The fifth bits go in as
@@ -284,7 +304,6 @@ static void dot_q5_0(const uint8_t *w, int64_t nb, const struct acts *a, float *
  * dozen vector operations instead of two pairs' thirty. nb a multiple of 4. Same
  * arithmetic as dot1_blocks16 in another order. */
 static float dot1_q5_0_quads(const uint8_t *w, int64_t nb, const int8_t *xp, const struct acts *a) {
-  const __m512i lo4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
   const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b += 16, w += 16 * 22) {
@@ -296,19 +315,8 @@ static float dot1_q5_0_quads(const uint8_t *w, int64_t nb, const int8_t *xp, con
     corr = _mm512_fmadd_ps(ws, block_sums16(a, b, m), corr);
     for (int j = 0; j < n; j += 4) {
       const uint8_t *p = w + j * 22;
-      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 6)));
-      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 28)), 1);
-      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 50)), 2);
-      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 72)), 3);
-      uint32_t h[4];
-      for (int k = 0; k < 4; k++) memcpy(&h[k], p + 22 * k + 2, 4);
-      uint64_t mlo = (uint64_t)(h[0] & 0xffff) | (uint64_t)(h[1] & 0xffff) << 16 | (uint64_t)(h[2] & 0xffff) << 32 |
-                     (uint64_t)(h[3] & 0xffff) << 48;
-      uint64_t mhi = (uint64_t)(h[0] >> 16) | (uint64_t)(h[1] >> 16) << 16 | (uint64_t)(h[2] >> 16) << 32 |
-                     (uint64_t)(h[3] >> 16) << 48;
-      __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-      lo = _mm512_mask_add_epi8(lo, (__mmask64)mlo, lo, bit4);
-      hi = _mm512_mask_add_epi8(hi, (__mmask64)mhi, hi, bit4);
+      __m512i lo, hi;
+      q5_0_quad(p, &lo, &hi);
       const int8_t *x = xp + 32 * (b + j);
       __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x));
       __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(x + 64));
@@ -377,41 +385,13 @@ static float dot1_q4_k(const uint8_t *w, int64_t nb, const struct acts *a) {
  * sum per 32): one product gives the dots' scales in
  * lanes 0-7 and, fused into corr, the mins' correction in lanes 8-15. Same arithmetic
  * as dot1_q4_k in another order. */
+static inline __attribute__((always_inline)) void dotn_q4_k_pairs(const uint8_t *w, int64_t nb, int64_t K,
+                                                                  const int8_t *xp, const float *xf, float *out,
+                                                                  const int T);
 static float dot1_q4_k_pairs(const uint8_t *w, int64_t nb, const int8_t *xp, const float *xf) {
-  const __m512i lo4 = _mm512_set1_epi8(0x0f);
-  /* lanes of the low / high nibbles of pair p: sub-blocks (4p, 4p+2) / (4p+1, 4p+3) */
-  const __m512i ilo0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-  const __m512i ihi0 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(1));
-  const __m512i ilo1 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(4));
-  const __m512i ihi1 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(5));
-  const __m512i dsel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b++, w += 144) {
-    _mm_prefetch((const char *)w + 4096, _MM_HINT_T1); /* 4 KiB ahead */
-    _mm_prefetch((const char *)w + 4160, _MM_HINT_T1);
-    _mm_prefetch((const char *)w + 4224, _MM_HINT_T1);
-    const __m128i sm = kvl__q4_k_scale_bytes(w + 4);
-    const __m512 dm = _mm512_permutexvar_ps(dsel, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadu_si32(w))));
-    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm)), dm);
-    const __m512 xfb = _mm512_loadu_ps(xf + 16 * b);
-    const __m512 sc16 = _mm512_mul_ps(f, xfb);
-    corr = _mm512_fmadd_ps(f, xfb, corr);
-    const uint8_t *q = w + 16;
-    const int8_t *x = xp + 256 * b;
-    __m512i r0 = _mm512_loadu_si512(q), r1 = _mm512_loadu_si512(q + 64);
-    __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(r0, lo4), _mm512_loadu_si512(x));
-    __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(_mm512_srli_epi16(r0, 4), lo4),
-                                     _mm512_loadu_si512(x + 64));
-    __m512i d2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(r1, lo4), _mm512_loadu_si512(x + 128));
-    __m512i d3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(_mm512_srli_epi16(r1, 4), lo4),
-                                     _mm512_loadu_si512(x + 192));
-    acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(ilo0, sc16), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(ihi0, sc16), acc1);
-    acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d2), _mm512_permutexvar_ps(ilo1, sc16), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d3), _mm512_permutexvar_ps(ihi1, sc16), acc1);
-  }
-  const __m256 c8 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(corr), 1));
-  return _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(acc0, acc1), _mm512_zextps256_ps512(c8)));
+  float out;
+  dotn_q4_k_pairs(w, nb, 0, xp, xf, &out, 1); /* the several-token form's one-token case */
+  return out;
 }
 
 /* ---- 2..6 tokens through the single-token kernels, each weight block unpacked once ------
@@ -549,7 +529,6 @@ static inline __attribute__((always_inline)) void dotn_blocks16(const uint8_t *w
 static inline __attribute__((always_inline)) void dotn_q5_0_quads(const uint8_t *w, int64_t nb, int64_t K,
                                                                   const int8_t *xp, const struct acts *a, float *out,
                                                                   const int T) {
-  const __m512i lo4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
   const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   __m512 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX], sc[QDOT1N_MAX];
   for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm512_setzero_ps();
@@ -565,19 +544,8 @@ static inline __attribute__((always_inline)) void dotn_q5_0_quads(const uint8_t 
     }
     for (int j = 0; j < n; j += 4) {
       const uint8_t *p = w + j * 22;
-      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 6)));
-      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 28)), 1);
-      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 50)), 2);
-      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 72)), 3);
-      uint32_t h[4];
-      for (int k = 0; k < 4; k++) memcpy(&h[k], p + 22 * k + 2, 4);
-      uint64_t mlo = (uint64_t)(h[0] & 0xffff) | (uint64_t)(h[1] & 0xffff) << 16 | (uint64_t)(h[2] & 0xffff) << 32 |
-                     (uint64_t)(h[3] & 0xffff) << 48;
-      uint64_t mhi = (uint64_t)(h[0] >> 16) | (uint64_t)(h[1] >> 16) << 16 | (uint64_t)(h[2] >> 16) << 32 |
-                     (uint64_t)(h[3] >> 16) << 48;
-      __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-      lo = _mm512_mask_add_epi8(lo, (__mmask64)mlo, lo, bit4);
-      hi = _mm512_mask_add_epi8(hi, (__mmask64)mhi, hi, bit4);
+      __m512i lo, hi;
+      q5_0_quad(p, &lo, &hi);
       const __m512i iq = _mm512_add_epi32(quad, _mm512_set1_epi32(j));
 #pragma GCC unroll 6
       for (int t = 0; t < T; t++) {
@@ -598,52 +566,34 @@ static inline __attribute__((always_inline)) void dotn_q5_0_quads(const uint8_t 
   case T:                                                                                                      \
     f(__VA_ARGS__, T);                                                                                         \
     return 0;
+/* the kernel f for 2..6 tokens (n_tokens; returns 0); other counts fall through */
+#define N1SWITCH(f, ...)                                                                                       \
+  switch (n_tokens) {                                                                                          \
+    N1CASE(f, 2, __VA_ARGS__)                                                                                  \
+    N1CASE(f, 3, __VA_ARGS__)                                                                                  \
+    N1CASE(f, 4, __VA_ARGS__)                                                                                  \
+    N1CASE(f, 5, __VA_ARGS__)                                                                                  \
+    N1CASE(f, 6, __VA_ARGS__)                                                                                  \
+  default: break;                                                                                              \
+  }
 
 int kvl__qdot1n_avx512vnni(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
                            const float *xd, const int32_t *xs, const float *xf, float *out) {
   if (type == KVL_TYPE_Q4_K && xf) {
-    switch (n_tokens) {
-      N1CASE(dotn_q4_k_pairs, 2, w, K / 256, K, xp, xf, out)
-      N1CASE(dotn_q4_k_pairs, 3, w, K / 256, K, xp, xf, out)
-      N1CASE(dotn_q4_k_pairs, 4, w, K / 256, K, xp, xf, out)
-      N1CASE(dotn_q4_k_pairs, 5, w, K / 256, K, xp, xf, out)
-      N1CASE(dotn_q4_k_pairs, 6, w, K / 256, K, xp, xf, out)
-    default: break;
-    }
+    N1SWITCH(dotn_q4_k_pairs, w, K / 256, K, xp, xf, out)
   }
   struct acts a[QDOT1N_MAX];
   for (int t = 0; t < n_tokens && t < QDOT1N_MAX; t++)
     a[t] = (struct acts){xq + t * K, xd + t * (K / 32), xs + t * (K / 16), K, 1};
   if (type == KVL_TYPE_Q5_0 && K % 128 == 0) {
-    switch (n_tokens) {
-      N1CASE(dotn_q5_0_quads, 2, w, K / 32, K, xp, a, out)
-      N1CASE(dotn_q5_0_quads, 3, w, K / 32, K, xp, a, out)
-      N1CASE(dotn_q5_0_quads, 4, w, K / 32, K, xp, a, out)
-      N1CASE(dotn_q5_0_quads, 5, w, K / 32, K, xp, a, out)
-      N1CASE(dotn_q5_0_quads, 6, w, K / 32, K, xp, a, out)
-    default: break;
-    }
+    N1SWITCH(dotn_q5_0_quads, w, K / 32, K, xp, a, out)
   }
   if ((type == KVL_TYPE_Q5_0 || type == KVL_TYPE_Q8_0) && K % 64 == 0) { /* the single-token kernel's even nb */
     const int stride = type == KVL_TYPE_Q5_0 ? 22 : 34, q5 = type == KVL_TYPE_Q5_0;
-    switch (n_tokens) {
-      N1CASE(dotn_blocks16, 2, w, K / 32, a, stride, q5, out)
-      N1CASE(dotn_blocks16, 3, w, K / 32, a, stride, q5, out)
-      N1CASE(dotn_blocks16, 4, w, K / 32, a, stride, q5, out)
-      N1CASE(dotn_blocks16, 5, w, K / 32, a, stride, q5, out)
-      N1CASE(dotn_blocks16, 6, w, K / 32, a, stride, q5, out)
-    default: break;
-    }
+    N1SWITCH(dotn_blocks16, w, K / 32, a, stride, q5, out)
   }
   if (type == KVL_TYPE_Q6_K) {
-    switch (n_tokens) {
-      N1CASE(dotn_q6_k, 2, w, K / 256, K, xq, xd, xs, out)
-      N1CASE(dotn_q6_k, 3, w, K / 256, K, xq, xd, xs, out)
-      N1CASE(dotn_q6_k, 4, w, K / 256, K, xq, xd, xs, out)
-      N1CASE(dotn_q6_k, 5, w, K / 256, K, xq, xd, xs, out)
-      N1CASE(dotn_q6_k, 6, w, K / 256, K, xq, xd, xs, out)
-    default: break;
-    }
+    N1SWITCH(dotn_q6_k, w, K / 256, K, xq, xd, xs, out)
   }
   return KVL_ENOTSUP;
 }
