@@ -61,6 +61,9 @@ static void test_matmul(kvl_backend_t *be) {
      * the L2 of activations, so 250 tokens over 8960 (140 KiB per 16 tokens) are two tiles
      * of equal size wherever L2 is 1 MiB or less (Zen 3/4/5) */
     {13, 4864, 41}, {6, 2304, 75}, {9, 8960, 250},
+    /* decode batches of 6 tokens (qdot1n's widest case), and 3 over a width that is not a
+     * multiple of 128 (Q5_0's 16-block form instead of its quads) */
+    {11, 512, 6}, {5, 192, 3},
   };
   for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++)
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
