@@ -112,7 +112,7 @@ static void q6_k(const uint8_t *b, float *y, int64_t nb) {
  * included) went from 120-150 to 78-80 ms; per-16 conversions of Q6_K's codes and scalar
  * Q4_K scales had kept a first version at ~100. */
 
-/* Σ over 16 lanes of x·(float)q into acc */
+/* acc + (float)q · x, lane by lane (16 elements) */
 static inline __m512 fq(__m512i q, const float *x, __m512 acc) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_loadu_ps(x), acc); }
 
 static float dd_q8_0(const uint8_t *b, const float *x, int64_t nb) {
