@@ -303,29 +303,13 @@ static inline void q5_0_quad(const uint8_t *p, __m512i *lo, __m512i *hi) {
  * two 64-bit byte masks (a masked add of 16). So four blocks cost two dpbusd and about a
  * dozen vector operations instead of two pairs' thirty. nb a multiple of 4. Same
  * arithmetic as dot1_blocks16 in another order. */
+static inline __attribute__((always_inline)) void dotn_q5_0_quads(const uint8_t *w, int64_t nb, int64_t K,
+                                                                  const int8_t *xp, const struct acts *a, float *out,
+                                                                  const int T);
 static float dot1_q5_0_quads(const uint8_t *w, int64_t nb, const int8_t *xp, const struct acts *a) {
-  const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b += 16, w += 16 * 22) {
-    int n = nb - b < 16 ? (int)(nb - b) : 16;
-    __mmask16 m = (__mmask16)(0xffffu >> (16 - n));
-    for (int o = 0; o < 16 * 22; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T0); /* 4 KiB ahead */
-    __m512 ws = block_scales16(w, 22, m);
-    __m512 sc = _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(m, DA(a, 0) + b));
-    corr = _mm512_fmadd_ps(ws, block_sums16(a, b, m), corr);
-    for (int j = 0; j < n; j += 4) {
-      const uint8_t *p = w + j * 22;
-      __m512i lo, hi;
-      q5_0_quad(p, &lo, &hi);
-      const int8_t *x = xp + 32 * (b + j);
-      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x));
-      __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(x + 64));
-      __m512 s4 = _mm512_permutexvar_ps(_mm512_add_epi32(quad, _mm512_set1_epi32(j)), sc);
-      acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), s4, acc0);
-      acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), s4, acc1);
-    }
-  }
-  return _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr, _mm512_set1_ps(16.0f), _mm512_add_ps(acc0, acc1)));
+  float out;
+  dotn_q5_0_quads(w, nb, 0, xp, a, &out, 1); /* the several-token form's one-token case */
+  return out;
 }
 
 /* Q4_K, one token, one block: its eight sub-block scales times d times the eight
@@ -525,7 +509,7 @@ static inline __attribute__((always_inline)) void dotn_blocks16(const uint8_t *w
     out[t] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr[t], _mm512_set1_ps(q5 ? 16.0f : 128.0f), _mm512_add_ps(acc0[t], acc1[t])));
 }
 
-/* dot1_q5_0_quads for T tokens (xp: token t's codes in quad order at t x K) */
+/* Q5_0 in quad order (dot1_q5_0_quads) for T tokens (xp: token t's codes at t x K) */
 static inline __attribute__((always_inline)) void dotn_q5_0_quads(const uint8_t *w, int64_t nb, int64_t K,
                                                                   const int8_t *xp, const struct acts *a, float *out,
                                                                   const int T) {
@@ -617,30 +601,9 @@ static void dot_q4_k(const uint8_t *w, int64_t nb, const struct acts *a, float *
  * are a permute of it, and the offset correction is one FMA per block against the sums
  * of 16 activation codes. Same arithmetic as dot_q6_k_n in another order. */
 static float dot1_q6_k(const uint8_t *w, int64_t nb, const struct acts *a) {
-  const __m512i quads = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b++, w += 210) {
-    for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T1); /* 4 KiB ahead */
-    __m512 gs = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 192)))),
-                              _mm512_set1_ps(kvl__h2f(w + 208)));
-    /* group g (16 elements) lies in activation block g / 2 */
-    __m512 xd = _mm512_permutexvar_ps(halves, _mm512_castps256_ps512(_mm256_loadu_ps(DA(a, 0) + 8 * b)));
-    __m512 sc = _mm512_mul_ps(gs, xd);
-    corr = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_loadu_si512(SA(a, 0) + 16 * b)), corr);
-    const int8_t *xq = QA(a, 0) + 256 * b;
-    for (int n = 0; n < 2; n++) {
-      __m512i units[2];
-      kvl__q6_k_half(w, n, units);
-      __m512i i0 = _mm512_add_epi32(quads, _mm512_set1_epi32(8 * n));
-      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), units[0], _mm512_loadu_si512(xq + 128 * n));
-      __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), units[1], _mm512_loadu_si512(xq + 128 * n + 64));
-      acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(i0, sc), acc0);
-      acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(_mm512_add_epi32(i0, _mm512_set1_epi32(4)), sc),
-                             acc1);
-    }
-  }
-  return _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr, _mm512_set1_ps(32.0f), _mm512_add_ps(acc0, acc1)));
+  float out;
+  dotn_q6_k(w, nb, 0, QA(a, 0), DA(a, 0), SA(a, 0), &out, 1); /* the several-token form's one-token case */
+  return out;
 }
 
 static void dot_q6_k(const uint8_t *w, int64_t nb, const struct acts *a, float *out) {
