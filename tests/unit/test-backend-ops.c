@@ -47,6 +47,40 @@ static void alone_is_same(kvl_backend_t *be, const struct kvl_weight *w, const f
   free(y1);
 }
 
+/* A matmul case's weight, bias, input and reference product: the same for every level
+ * (each case's data comes from its own seed), so made once and kept for all of them. The
+ * scalar reference at -O0 under the sanitizers cost most of this test's time when it was
+ * recomputed per level. */
+enum { MM_TYPES = sizeof(wtypes) / sizeof(wtypes[0]), MM_SHAPES = 32 };
+struct mm_case { void *wd; float *bias, *x, *yr; };
+static struct mm_case mm_cases[MM_TYPES][MM_SHAPES];
+
+static const struct mm_case *mm_case(size_t ti, size_t si, uint32_t ty, int64_t rows, int64_t cols, int T) {
+  struct mm_case *c = &mm_cases[ti][si];
+  if (c->wd) return c;
+  /* each case's data from its own seed, so that adding a case leaves the others' alone
+   * (the one-row, one-token cases are single dot products whose relative error depends
+   * on how near zero their random data puts them) */
+  seed = 0x9e3779b97f4a7c15ull * (ti * 64 + si + 1);
+  c->wd = make_weight(ty, rows, cols);
+  c->bias = malloc((size_t)rows * sizeof(float));
+  fill(c->bias, (size_t)rows, 0.5f);
+  c->x = malloc((size_t)T * cols * sizeof(float));
+  fill(c->x, (size_t)T * cols, 1.0f);
+  c->yr = malloc((size_t)T * rows * sizeof(float));
+  struct kvl_weight w = {ty, cols, rows, c->wd, si % 2 ? c->bias : NULL, NULL};
+  kvl_matmul_ref(&w, c->x, c->yr, T);
+  return c;
+}
+
+static void mm_cases_free(void) {
+  for (size_t ti = 0; ti < MM_TYPES; ti++)
+    for (size_t si = 0; si < MM_SHAPES; si++) {
+      struct mm_case *c = &mm_cases[ti][si];
+      free(c->wd), free(c->bias), free(c->x), free(c->yr);
+    }
+}
+
 static void test_matmul(kvl_backend_t *be) {
   static const struct { int64_t rows, cols; int T; } shapes[] = {
     {1, 256, 1}, {7, 512, 3}, {33, 256, 4}, {17, 768, 5}, {64, 1024, 17}, {130, 256, 1}, {40, 512, 16}, {9, 256, 7},
@@ -65,6 +99,7 @@ static void test_matmul(kvl_backend_t *be) {
      * multiple of 128 (Q5_0's 16-block form instead of its quads) */
     {11, 512, 6}, {5, 192, 3},
   };
+  _Static_assert(sizeof(shapes) / sizeof(shapes[0]) <= MM_SHAPES, "mm_cases holds every shape");
   for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++)
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
       uint32_t ty = wtypes[ti];
@@ -72,20 +107,14 @@ static void test_matmul(kvl_backend_t *be) {
       int T = shapes[si].T;
       if (ty == KVL_TYPE_F32 && si == 1) cols = 509; /* a dense odd width: SIMD tails */
       if (!kvl_row_size(ty, (uint64_t)cols)) continue; /* a width the format's blocks do not tile */
-      /* each case's data from its own seed, so that adding a case leaves the others' alone
-       * (the one-row, one-token cases are single dot products whose relative error depends
-       * on how near zero their random data puts them) */
-      seed = 0x9e3779b97f4a7c15ull * (ti * 64 + si + 1);
-      void *wd = make_weight(ty, rows, cols);
-      float *bias = malloc((size_t)rows * sizeof(float));
-      fill(bias, (size_t)rows, 0.5f);
+      const struct mm_case *mc = mm_case(ti, si, ty, rows, cols, T);
+      void *wd = mc->wd;
+      float *bias = mc->bias, *x = mc->x;
+      const float *yr = mc->yr;
       struct kvl_wpack slot = {0}; /* for the bf16 level's repacked copy */
       struct kvl_weight w = {ty, cols, rows, wd, si % 2 ? bias : NULL, be->bf16_min_t ? &slot : NULL};
-      float *x = malloc((size_t)T * cols * sizeof(float));
-      float *y = malloc((size_t)T * rows * sizeof(float)), *yr = malloc((size_t)T * rows * sizeof(float));
-      fill(x, (size_t)T * cols, 1.0f);
+      float *y = malloc((size_t)T * rows * sizeof(float));
       kvl_matmul(be, &w, x, y, T);
-      kvl_matmul_ref(&w, x, yr, T);
       char desc[96];
       snprintf(desc, sizeof(desc), "%s rows=%lld cols=%lld T=%d%s", kvl_type_name(ty), (long long)rows,
                (long long)cols, T, w.bias ? " +bias" : "");
@@ -135,7 +164,7 @@ static void test_matmul(kvl_backend_t *be) {
       CHECK(slot.impl == NULL);
       if (int8 && rows * T >= 8) worst_i8 = fmax(worst_i8, nmse(y, yr, (size_t)T * rows));
       if (int8 && getenv("KVL_TEST_VERBOSE")) printf("  i8 %-40s nmse %.2e\n", desc, nmse(y, yr, (size_t)T * rows));
-      free(wd); free(bias); free(x); free(y); free(yr);
+      free(y);
     }
 }
 
@@ -525,6 +554,7 @@ int main(int argc, char **argv) {
     RUN(test_qdot_vec);
     RUN(test_q8_act);
     RUN(test_sgemm);
+    mm_cases_free();
     printf("%d cases, %d failed; int8 decode path worst nmse %.2e; bf16 GEMM worst nmse %.2e\n", n_cases, n_bad,
            worst_i8, worst_bf16);
   }
