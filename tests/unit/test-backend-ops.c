@@ -453,6 +453,47 @@ static double now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Decode attention as the scheduler runs it: 16 streams, a token each, every stream's
+ * blocks scattered over a pool of the 1.5B's geometry (28 layers, 2 KV heads of 128, 12
+ * query heads; bf16); one layer per call, the layers in turn, so that the keys come from
+ * memory as in a real step. */
+static void perf_attention(kvl_backend_t *be) {
+  const struct kvl_kv_layout l = {28, 2, 128, KVL_KV_BF16};
+  static const int ctxs[] = {256, 1024};
+  for (size_t ci = 0; ci < sizeof(ctxs) / sizeof(ctxs[0]); ci++) {
+    const int S = 16, ctx = ctxs[ci], nb = ctx / KVL_KV_BLOCK, n_blocks = S * nb, n_head = 12, qw = n_head * 128;
+    void *pool = calloc((size_t)n_blocks, kvl_kv_block_bytes(&l));
+    int32_t *ids = malloc((size_t)n_blocks * sizeof(int32_t)), *pos = malloc((size_t)S * sizeof(int32_t));
+    int32_t *sq = malloc((size_t)S * sizeof(int32_t));
+    const int32_t **bts = malloc((size_t)S * sizeof(*bts));
+    float *q = malloc((size_t)S * qw * 4), *o = malloc((size_t)S * qw * 4);
+    CHECK(pool && ids && pos && sq && bts && q && o);
+    for (int i = 0; i < n_blocks; i++) ids[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) { /* a shuffled pool */
+      const int j = (int)(kvl_test_rand(&seed) % (uint64_t)(i + 1)), t = ids[i];
+      ids[i] = ids[j], ids[j] = t;
+    }
+    fill(pool, (size_t)n_blocks * kvl_kv_block_bytes(&l) / 4, 0.5f); /* any bits; small floats */
+    for (size_t i = 0; i < (size_t)n_blocks * kvl_kv_block_bytes(&l) / 2; i++)
+      ((uint16_t *)pool)[i] &= 0xbfff; /* bf16 of magnitude below 2 */
+    fill(q, (size_t)S * qw, 1.0f);
+    for (int s = 0; s < S; s++) bts[s] = ids + (size_t)s * nb, pos[s] = ctx - 1, sq[s] = s;
+    struct kvl_attn_args a = {S, q, o, pos, sq, bts, n_head, 0, &l, pool, 0.088f};
+    double best = 1e30;
+    for (int round = 0; round < 5; round++) {
+      const double t0 = now();
+      for (int layer = 0; layer < l.n_layer; layer++) a.layer = layer, kvl_attention(be, &a);
+      const double t = now() - t0;
+      best = t < best ? t : best;
+    }
+    const double bytes = (double)S * ctx * l.n_layer * 2 * l.n_kv_head * l.head_dim * 2;
+    printf("  attention decode, 16 streams x %d positions, 28 layers: %7.2f ms  %6.2f GB/s of KV\n", ctx, best * 1e3,
+           bytes / best * 1e-9);
+    free(pool);
+    free(ids), free(pos), free(sq), free(bts), free(q), free(o);
+  }
+}
+
 static void perf(kvl_backend_t *be) {
   printf("\n%s\n", kvl_backend_name(be));
   static const uint32_t pt[] = {KVL_TYPE_F32, KVL_TYPE_Q8_0, KVL_TYPE_Q5_0, KVL_TYPE_Q4_K, KVL_TYPE_Q6_K};
@@ -480,6 +521,7 @@ static void perf(kvl_backend_t *be) {
              kvl_row_size(pt[i], cols) * rows / s * 1e-9);
       free(wd); free(x); free(y);
     }
+  perf_attention(be);
 }
 
 /* kvl_sgemm (oneDNN; KVL_SGEMM=openblas runs it on OpenBLAS) against a double-precision product,
