@@ -223,40 +223,13 @@ static inline __m512 block_scales16(const uint8_t *w, int stride, __mmask16 m) {
   return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
 }
 
-/* The whole row, nb even (K a multiple of 64): groups of 16 blocks, the last one partial. */
+static inline __attribute__((always_inline)) void dotn_blocks16(const uint8_t *w, int64_t nb, const struct acts *a,
+                                                                const int stride, const int q5, float *out, const int T);
 static inline __attribute__((always_inline)) float dot1_blocks16(const uint8_t *w, int64_t nb, const struct acts *a,
                                                                const int stride, const int q5) {
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
-  const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const int8_t *xq = QA(a, 0);
-  for (int64_t b = 0; b < nb; b += 16, w += 16 * stride) {
-    int n = nb - b < 16 ? (int)(nb - b) : 16;
-    __mmask16 m = (__mmask16)(0xffffu >> (16 - n));
-    for (int o = 0; o < 16 * stride; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T0); /* 4 KiB ahead */
-    __m512 ws = block_scales16(w, stride, m);
-    __m512 sc = _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(m, DA(a, 0) + b));
-    corr = _mm512_fmadd_ps(ws, block_sums16(a, b, m), corr);
-    int j = 0;
-    for (; j + 4 <= n; j += 4) { /* blocks j..j+3: two pairs */
-      const uint8_t *p = w + j * stride;
-      __m512i u0 = q5 ? kvl__q5_0_pair(p) : kvl__q8_0_pair(p), u1 = q5 ? kvl__q5_0_pair(p + 2 * stride) : kvl__q8_0_pair(p + 2 * stride);
-      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(xq + 32 * (b + j)));
-      __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, _mm512_loadu_si512(xq + 32 * (b + j + 2)));
-      /* a pair's lane scales: lanes 0-7 its first block's, 8-15 its second's */
-      __m512i i0 = _mm512_add_epi32(lanes, _mm512_set1_epi32(j));
-      __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(2));
-      acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(i0, sc), acc0);
-      acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(i1, sc), acc1);
-    }
-    if (j < n) { /* a last pair */
-      const uint8_t *p = w + j * stride;
-      __m512i u0 = q5 ? kvl__q5_0_pair(p) : kvl__q8_0_pair(p);
-      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(xq + 32 * (b + j)));
-      acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(j)), sc),
-                             acc0);
-    }
-  }
-  return _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr, _mm512_set1_ps(q5 ? 16.0f : 128.0f), _mm512_add_ps(acc0, acc1)));
+  float out;
+  dotn_blocks16(w, nb, a, stride, q5, &out, 1); /* the several-token form's one-token case */
+  return out;
 }
 
 static void dot_q8_0(const uint8_t *w, int64_t nb, const struct acts *a, float *out) {
@@ -464,7 +437,8 @@ static inline __attribute__((always_inline)) void dotn_q6_k(const uint8_t *w, in
     out[t] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr[t], _mm512_set1_ps(32.0f), _mm512_add_ps(acc0[t], acc1[t])));
 }
 
-/* dot1_blocks16 (Q8_0, Q5_0 where K is not a multiple of 128) for T tokens: a[t] is token t */
+/* Q8_0, and Q5_0 where K is not a multiple of 128, T tokens (a[t]: token t): the whole
+ * row, nb even (K a multiple of 64), in groups of 16 blocks, the last one partial */
 static inline __attribute__((always_inline)) void dotn_blocks16(const uint8_t *w, int64_t nb, const struct acts *a,
                                                                 const int stride, const int q5, float *out, const int T) {
   __m512 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX], sc[QDOT1N_MAX];
