@@ -102,6 +102,9 @@ int kvl__qmatmul_avx512vnni(uint32_t type, const void *w, size_t row_bytes, int6
  * sequence, at most tq tokens each; tile i is tokens tile[i] .. tile[i+1]-1 (tile holds
  * n_tokens + 1 entries). Returns the number of tiles. */
 int kvl__attn_tiles(const struct kvl_attn_args *a, int tq, int *tile);
+/* The attention's next step on its way to L1 while this one runs: the rows of KV head kh
+ * in the nb blocks from key position j0 (none past `last`) of the block table bt. */
+void kvl__attn_prefetch(const struct kvl_attn_args *a, const int32_t *bt, int j0, int nb, int kh, int last);
 /* Attention tiled over query rows and KV blocks (cpu/attn_avx512.c, AVX-512F/BW/VL):
  * whether it takes these arguments (head_dim a multiple of 16, at most 256), and the op. */
 bool kvl__attention_avx512_fits(const struct kvl_attn_args *a);

@@ -123,6 +123,7 @@ void kvl__attention_avx2(const struct kvl_attn_args *a) {
         const int nj = last + 1 - j0 < KVL_KV_BLOCK ? last + 1 - j0 : KVL_KV_BLOCK;
         widen(l, kvl_kv_k_ptr(l, (void *)a->kv_base, bt[j0 / KVL_KV_BLOCK], a->layer), kh, nj, kb);
         widen(l, kvl_kv_v_ptr(l, (void *)a->kv_base, bt[j0 / KVL_KV_BLOCK], a->layer), kh, nj, vb);
+        kvl__attn_prefetch(a, bt, j0 + KVL_KV_BLOCK, 1, kh, last);
         memset(kb + (size_t)nj * d, 0, (size_t)(KVL_KV_BLOCK - nj) * d * sizeof(float));
         for (int i = 0; i < R; i++) {
           const int t = t0 + i / group, h = kh * group + i % group;

@@ -146,29 +146,6 @@ static void widen_t(const struct kvl_kv_layout *l, const void *src, int kh, int 
   }
 }
 
-/* the KV rows of head kh in the step at key position j0 on their way to L1 while this
- * step's rows run. A decode token's tile reads each block once, from wherever the pool put
- * it (16 rows of 2 x head_dim bytes, n_kv_head x that apart), and the widening's loads
- * waited for memory (perf annotate, the 1.5B at 16 decode streams: 60 % of the attention's
- * samples on them). test-backend-ops --perf, 16 decode streams of the 1.5B, four rounds in
- * turn: 1024 positions 78-102 -> 73-83 ms; 256 positions 18.7-22.8 -> 18.4-19.2 ms */
-static void prefetch_step(const struct kvl_attn_args *a, const int32_t *bt, int j0, int sb, int kh, int last) {
-  const struct kvl_kv_layout *l = a->kv;
-  const size_t esz = l->dtype == KVL_KV_F32 ? 4 : 2, row = (size_t)l->head_dim * esz;
-  const size_t stride = (size_t)l->n_kv_head * row;
-  for (int b = 0; b < sb && j0 + b * KVL_KV_BLOCK <= last; b++) {
-    const int blk = bt[(j0 + b * KVL_KV_BLOCK) / KVL_KV_BLOCK];
-    const char *k = (const char *)kvl_kv_k_ptr(l, (void *)a->kv_base, blk, a->layer) + kh * row;
-    const char *v = (const char *)kvl_kv_v_ptr(l, (void *)a->kv_base, blk, a->layer) + kh * row;
-    const int nj = last + 1 - (j0 + b * KVL_KV_BLOCK) < KVL_KV_BLOCK ? last + 1 - (j0 + b * KVL_KV_BLOCK) : KVL_KV_BLOCK;
-    for (int j = 0; j < nj; j++)
-      for (size_t c = 0; c < row; c += 64) {
-        _mm_prefetch(k + j * stride + c, _MM_HINT_T0);
-        _mm_prefetch(v + j * stride + c, _MM_HINT_T0);
-      }
-  }
-}
-
 bool kvl__attention_avx512_fits(const struct kvl_attn_args *a) {
   const int d = a->kv->head_dim;
   return d % 16 == 0 && d <= 256 && a->n_head % a->kv->n_kv_head == 0;
@@ -208,7 +185,7 @@ void kvl__attention_avx512(const struct kvl_attn_args *a) {
           widen_t(l, kvl_kv_k_ptr(l, (void *)a->kv_base, bt[jb / KVL_KV_BLOCK], a->layer), kh, nj, kbb);
           widen(l, kvl_kv_v_ptr(l, (void *)a->kv_base, bt[jb / KVL_KV_BLOCK], a->layer), kh, nj, vbb);
         }
-        if (j0 + sb * KVL_KV_BLOCK <= last) prefetch_step(a, bt, j0 + sb * KVL_KV_BLOCK, sb, kh, last);
+        kvl__attn_prefetch(a, bt, j0 + sb * KVL_KV_BLOCK, sb, kh, last);
         for (int i = 0; i < R; i++) {
           const int t = t0 + i / group, h = kh * group + i % group;
           const int nv = a->pos[t] + 1 - j0 < nk ? a->pos[t] + 1 - j0 : nk; /* keys this row sees */
