@@ -52,7 +52,7 @@ static void alone_is_same(kvl_backend_t *be, const struct kvl_weight *w, const f
  * scalar reference at -O0 under the sanitizers cost most of this test's time when it was
  * recomputed per level. */
 enum { MM_TYPES = sizeof(wtypes) / sizeof(wtypes[0]), MM_SHAPES = 32 };
-struct mm_case { void *wd; float *bias, *x, *yr; };
+struct mm_case { void *wd; float *bias, *x, *x0, *yr; }; /* x0: x as made, to check no level wrote it */
 static struct mm_case mm_cases[MM_TYPES][MM_SHAPES];
 
 static const struct mm_case *mm_case(size_t ti, size_t si, uint32_t ty, int64_t rows, int64_t cols, int T) {
@@ -67,6 +67,8 @@ static const struct mm_case *mm_case(size_t ti, size_t si, uint32_t ty, int64_t 
   fill(c->bias, (size_t)rows, 0.5f);
   c->x = malloc((size_t)T * cols * sizeof(float));
   fill(c->x, (size_t)T * cols, 1.0f);
+  c->x0 = malloc((size_t)T * cols * sizeof(float));
+  memcpy(c->x0, c->x, (size_t)T * cols * sizeof(float));
   c->yr = malloc((size_t)T * rows * sizeof(float));
   struct kvl_weight w = {ty, cols, rows, c->wd, si % 2 ? c->bias : NULL, NULL};
   kvl_matmul_ref(&w, c->x, c->yr, T);
@@ -77,7 +79,7 @@ static void mm_cases_free(void) {
   for (size_t ti = 0; ti < MM_TYPES; ti++)
     for (size_t si = 0; si < MM_SHAPES; si++) {
       struct mm_case *c = &mm_cases[ti][si];
-      free(c->wd), free(c->bias), free(c->x), free(c->yr);
+      free(c->wd), free(c->bias), free(c->x), free(c->x0), free(c->yr);
     }
 }
 
@@ -115,6 +117,9 @@ static void test_matmul(kvl_backend_t *be) {
       struct kvl_weight w = {ty, cols, rows, wd, si % 2 ? bias : NULL, be->bf16_min_t ? &slot : NULL};
       float *y = malloc((size_t)T * rows * sizeof(float));
       kvl_matmul(be, &w, x, y, T);
+      /* the input is shared by every level's case: a level that wrote into it would fail
+       * the levels after it, not itself */
+      CHECK(memcmp(x, mc->x0, (size_t)T * cols * sizeof(float)) == 0);
       char desc[96];
       snprintf(desc, sizeof(desc), "%s rows=%lld cols=%lld T=%d%s", kvl_type_name(ty), (long long)rows,
                (long long)cols, T, w.bias ? " +bias" : "");
