@@ -163,6 +163,7 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
   KVL_ASSERT(kv->layout->n_layer == hp->n_layer && kv->layout->n_kv_head == hp->n_kv_head &&
              kv->layout->head_dim == D);
   if (T <= 0) return 0;
+  kvl_cpu_flush_denormals();
   for (int t = 0; t < T; t++)
     if (b->tokens[t] < 0 || b->tokens[t] >= hp->n_vocab || b->pos[t] < 0 || b->seq[t] < 0) return KVL_EINVAL;
   /* The backend's approximate decode kernels only for batches of single decode tokens: a

@@ -141,6 +141,10 @@ enum kvl_op {
  * bf16 prefill GEMMs (oneDNN; AMX tiles where present) on repacked weights; it is chosen
  * only when asked for. Static: never freed. */
 kvl_backend_t *kvl_backend_cpu(void);
+/* Denormals flushed to zero (FTZ and DAZ) on the calling thread and its OpenMP team,
+ * once per thread: every forward pass calls it (kvl_model_forward). KVL_DENORMALS=keep
+ * turns it off. */
+void kvl_cpu_flush_denormals(void);
 /* A CPU backend with an explicit level ("scalar", "avx2", "avx2int8", "avx2int8mm", "avx512",
  * "avx512vnni", "avx512vnnimm", "amx", "avx512bf16"), or NULL if this processor cannot run
  * it. For tests and benchmarks. */

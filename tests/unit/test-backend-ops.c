@@ -500,6 +500,7 @@ static void perf_attention(kvl_backend_t *be) {
 }
 
 static void perf(kvl_backend_t *be) {
+  kvl_cpu_flush_denormals(); /* as every forward pass does: the timings are the engine's */
   printf("\n%s\n", kvl_backend_name(be));
   static const uint32_t pt[] = {KVL_TYPE_F32, KVL_TYPE_Q8_0, KVL_TYPE_Q5_0, KVL_TYPE_Q4_K, KVL_TYPE_Q6_K};
   static const int Ts[] = {1, 4, 8, 16, 64, 256};

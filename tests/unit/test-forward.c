@@ -2,9 +2,12 @@
  * mix prefill chunks and decode tokens across block boundaries, on scattered blocks,
  * against one-sequence-at-a-time runs on the reference backend; bf16 KV; keys rotated
  * back from the cache; and refusal of bad models and bad batches by name. */
+#include <omp.h>
+
 #include "../kvl_test.h"
 #include "../tiny_model.h"
 #include "kvl_error.h"
+#include "kvl_kernels.h"
 #include "kvl_model.h"
 
 static kvl_model_t *load_tiny(const struct tiny_opts *o, void **buf, char *err, size_t errlen, int *rc_out) {
@@ -232,6 +235,33 @@ static void test_sink_rows(void) {
   free(buf);
 }
 
+/* A forward pass flushes denormals on its thread and on every thread of its OpenMP team
+ * (kvl_cpu_flush_denormals): a denormal operand reads as zero (DAZ), and a product
+ * below the normal range is zero (FTZ). */
+static int denormal_arithmetic(void) {
+  volatile float tiny = 1e-40f, small = 1e-30f; /* a denormal; a normal whose square is not */
+  return (tiny * 2.0f != 0.0f) + (small * small != 0.0f);
+}
+static void test_denormals(void) {
+  void *buf;
+  char err[256];
+  struct tiny_opts o = {0};
+  kvl_model_t *m = load_tiny(&o, &buf, err, sizeof(err), NULL);
+  CHECK(m != NULL);
+  if (!m) return;
+  const int32_t toks[] = {1, 2, 3};
+  float *lg = solo_logits(m, toks, 3, KVL_KV_F32, kvl_backend_cpu());
+  CHECK_EQ_INT(denormal_arithmetic(), 0);
+  int bad = 0, threads = 0;
+#pragma omp parallel reduction(+ : bad, threads)
+  bad += denormal_arithmetic(), threads += 1;
+  CHECK_EQ_INT(bad, 0);
+  CHECK(threads >= 1);
+  free(lg);
+  kvl_model_free(m);
+  free(buf);
+}
+
 int main(void) {
   /* compare exact arithmetic: the int8-activation decode path has its own bounds
    * (test-backend-ops, and the real-model decode goldens) */
@@ -240,5 +270,6 @@ int main(void) {
   RUN(test_tied);
   RUN(test_refusals);
   RUN(test_sink_rows);
+  RUN(test_denormals);
   return TEST_EXIT();
 }
