@@ -67,6 +67,11 @@ def llama_round(exe, paths, names, a, threads):
             test += f"@d{x['n_depth']}"
         out[(name, test)] = x["avg_ts"]
         build = x.get("build_commit")
+    if build in (None, "unknown"):  # built from a source package: scripts/build-llama-bench notes which
+        marker = os.path.join(os.path.dirname(os.path.abspath(exe)), "..", "..", "kvlingo-source")
+        if os.path.exists(marker):
+            with open(marker) as f:
+                build = f"unknown ({f.read().strip()})"
     return out, build
 
 

@@ -613,22 +613,18 @@ kvl_backend_t *kvl_backend_fp32(kvl_backend_t *be) {
 
 /* Denormal floats flushed to zero, as inputs (DAZ) and results (FTZ), on the calling
  * thread and its OpenMP team, once per thread (threads the team starts later copy the
- * setting from it). Intel cores take a microcode assist of ~100+ cycles for an
- * arithmetic operation on a denormal; an operand that small changes no result of a
- * forward pass beyond its rounding, but a few of them in an attention tile (exp of a
- * score far below the row's maximum; keys near zero) cost 2.6-3.5x in decode attention
- * (test-backend-ops --perf on a 2-core Xeon). AMD Zen cores handle denormals at full
- * speed, so there it changes nothing. KVL_DENORMALS=keep leaves IEEE gradual underflow. */
+ * setting from it). Intel cores take a microcode assist for an arithmetic operation on a
+ * denormal: decode attention over a pool holding some (test-backend-ops --perf's random
+ * bf16 bits) ran 2.6-3.5x slower on a 2-core Xeon; AMD Zen cores pay nothing. Operands
+ * that small change no result of a forward pass beyond its rounding, and the real models
+ * ran as fast either way: insurance against the slow path. KVL_DENORMALS=keep leaves
+ * IEEE gradual underflow. */
 void kvl_cpu_flush_denormals(void) {
   static _Thread_local bool done;
-  static int keep = -1;
   if (done) return;
   done = true;
-  if (keep < 0) {
-    const char *e = getenv("KVL_DENORMALS");
-    keep = e && !strcmp(e, "keep");
-  }
-  if (keep) return;
+  const char *e = getenv("KVL_DENORMALS");
+  if (e && !strcmp(e, "keep")) return;
   enum { FTZ = 0x8000, DAZ = 0x0040 }; /* MXCSR bits */
   __builtin_ia32_ldmxcsr(__builtin_ia32_stmxcsr() | FTZ | DAZ);
 #pragma omp parallel
