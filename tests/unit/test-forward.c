@@ -22,6 +22,15 @@ static kvl_model_t *load_tiny(const struct tiny_opts *o, void **buf, char *err, 
   return m;
 }
 
+/* The default tiny model (tiny_opts all zero); NULL after a failed CHECK. */
+static kvl_model_t *load_default(void **buf) {
+  char err[256];
+  struct tiny_opts o = {0};
+  kvl_model_t *m = load_tiny(&o, buf, err, sizeof(err), NULL);
+  CHECK(m != NULL);
+  return m;
+}
+
 enum { LA = 37, LB = 21 };
 
 /* One sequence alone, one prefill, contiguous blocks, reference backend: the truth. */
@@ -197,10 +206,7 @@ static void test_refusals(void) {
  * same bits, in the cache and in the logits, alone in a batch or with other rows. */
 static void test_sink_rows(void) {
   void *buf;
-  char err[256];
-  struct tiny_opts o = {0};
-  kvl_model_t *m = load_tiny(&o, &buf, err, sizeof(err), NULL);
-  CHECK(m != NULL);
+  kvl_model_t *m = load_default(&buf);
   if (!m) return;
   const int NV = kvl_model_hparams(m)->n_vocab, n = 20;
   struct kvl_kv_layout kl = kvl_model_kv_layout(m, KVL_KV_F32);
@@ -242,10 +248,7 @@ static int denormal_arithmetic(void) {
 }
 static void test_denormals(void) {
   void *buf;
-  char err[256];
-  struct tiny_opts o = {0};
-  kvl_model_t *m = load_tiny(&o, &buf, err, sizeof(err), NULL);
-  CHECK(m != NULL);
+  kvl_model_t *m = load_default(&buf);
   if (!m) return;
   const int32_t toks[] = {1, 2, 3};
   float *lg = solo_logits(m, toks, 3, KVL_KV_F32, kvl_backend_cpu());
