@@ -2,6 +2,8 @@
  * mix prefill chunks and decode tokens across block boundaries, on scattered blocks,
  * against one-sequence-at-a-time runs on the reference backend; bf16 KV; keys rotated
  * back from the cache; and refusal of bad models and bad batches by name. */
+#include <omp.h>
+
 #include "../kvl_test.h"
 #include "../tiny_model.h"
 #include "kvl_error.h"
@@ -241,23 +243,30 @@ static void test_sink_rows(void) {
 
 /* A forward pass flushes denormals on its thread and on every thread of its OpenMP team
  * (kvl_cpu_flush_denormals): a denormal operand reads as zero (DAZ), and a product
- * below the normal range is zero (FTZ). */
+ * below the normal range is zero (FTZ). Run first, with the team started before any
+ * forward pass, so that its threads cannot have copied the setting when they started. */
 static int denormal_arithmetic(void) {
   volatile float tiny = 1e-40f, small = 1e-20f; /* a denormal; a normal whose square is one */
   return (tiny * 1e10f != 0.0f) + (small * small != 0.0f); /* IEEE: 1e-30 and 1e-40 */
 }
+static int team_denormal_arithmetic(int *threads) {
+  int bad = 0, n = 0;
+#pragma omp parallel reduction(+ : bad, n)
+  bad += denormal_arithmetic(), n += 1;
+  *threads = n;
+  return bad;
+}
 static void test_denormals(void) {
+  int threads;
+  CHECK_EQ_INT(team_denormal_arithmetic(&threads), 2 * threads); /* starts the team: IEEE still */
   void *buf;
   kvl_model_t *m = load_default(&buf);
   if (!m) return;
   const int32_t toks[] = {1, 2, 3};
   float *lg = solo_logits(m, toks, 3, KVL_KV_F32, kvl_backend_cpu());
   CHECK_EQ_INT(denormal_arithmetic(), 0);
-  int bad = 0, threads = 0;
-#pragma omp parallel reduction(+ : bad, threads)
-  bad += denormal_arithmetic(), threads += 1;
-  CHECK_EQ_INT(bad, 0);
-  CHECK(threads >= 1);
+  CHECK_EQ_INT(team_denormal_arithmetic(&threads), 0);
+  CHECK_EQ_INT(threads, omp_get_max_threads());
   free(lg);
   kvl_model_free(m);
   free(buf);
@@ -267,10 +276,10 @@ int main(void) {
   /* compare exact arithmetic: the int8-activation decode path has its own bounds
    * (test-backend-ops, and the real-model decode goldens) */
   setenv("KVL_DECODE", "exact", 1);
+  RUN(test_denormals); /* first: see there */
   RUN(test_mixed_batches);
   RUN(test_tied);
   RUN(test_refusals);
   RUN(test_sink_rows);
-  RUN(test_denormals);
   return TEST_EXIT();
 }
