@@ -295,9 +295,12 @@ int kvld_translator_add(struct kvld *d, const char *path, char *err, size_t errl
   snprintf(t->path, sizeof(t->path), "%s", path);
   int rc = kvl_translator_load(t->path, &t->t, err, errlen);
   if (rc < 0) return rc;
+  double ms_fp32 = 0, ms_bf16 = 0; /* the auto probe's times */
   if (strcmp(d->cfg.translation_precision, "fp32") != 0) {
     char why[256];
-    int pr = kvl_translator_use_bf16(t->t, true, why, sizeof(why));
+    int pr = !strcmp(d->cfg.translation_precision, "auto")
+                 ? kvl_translator_pick_precision(t->t, &ms_fp32, &ms_bf16, why, sizeof(why))
+                 : kvl_translator_use_bf16(t->t, true, why, sizeof(why));
     if (pr == KVL_ENOMEM || (pr < 0 && !strcmp(d->cfg.translation_precision, "bf16"))) {
       kvl_translator_free(t->t);
       return kvl_errf(err, errlen, pr, "translator %s: translation_precision %s: %s", path,
@@ -338,8 +341,11 @@ int kvld_translator_add(struct kvld *d, const char *path, char *err, size_t errl
     }
   d->n_translators++;
   xlat_sync(d, t->src, t->dst, t->t, NULL);
-  kvld_log(KVLD_INFO, "translator_loaded", "\"file\":\"%s\",\"source\":\"%s\",\"target\":\"%s\",\"precision\":\"%s\"",
-           t->path, d->models[t->src].name, d->models[t->dst].name, kvl_translator_is_bf16(t->t) ? "bf16" : "fp32");
+  kvld_log(KVLD_INFO, "translator_loaded",
+           "\"file\":\"%s\",\"source\":\"%s\",\"target\":\"%s\",\"precision\":\"%s\",\"probe_ms_fp32\":%.3f,"
+           "\"probe_ms_bf16\":%.3f",
+           t->path, d->models[t->src].name, d->models[t->dst].name, kvl_translator_is_bf16(t->t) ? "bf16" : "fp32", ms_fp32,
+           ms_bf16);
   return d->n_translators - 1;
 }
 

@@ -67,8 +67,8 @@ struct kvld_config {
   bool translate_warm_head;  /* after a request, compute its head (translate_native_head
                                 positions) in the background in every model it translates
                                 into, so a switch there prefills only the new turn */
-  char translation_precision[8]; /* the translators' products: auto (bf16 where the processor
-                                    has AVX512-BF16 or AMX, else fp32) | bf16 | fp32 */
+  char translation_precision[8]; /* the translators' products: auto (whichever is faster
+                                    here: kvl_translator_pick_precision) | bf16 | fp32 */
   char replica_id[128];      /* this replica's name in responses (default: the hostname) */
   double conversation_ttl_s; /* a conversation's kept lines expire after this idle time */
   struct {                   /* what model "auto" means */

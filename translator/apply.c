@@ -5,12 +5,14 @@
  * the scalar reference. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvl_error.h"
 #include "kvl_kernels.h"
 #include "translator-impl.h"
 
-#define APPLY_CHUNK 256 /* positions per pass: bounds the scratch at any span length */
+#define APPLY_CHUNK 512      /* positions per pass: bounds the scratch at any span length */
+#define APPLY_CHUNK_BF16 512 /* the same for the bf16 path */
 
 /* Everything that can be refused, checked before anything is written. */
 static int check_span(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen) {
@@ -133,6 +135,64 @@ int kvl_translator_use_bf16(kvl_translator_t *t, bool on, char *err, size_t errl
 
 bool kvl_translator_is_bf16(const kvl_translator_t *t) { return t && t->bf16; }
 
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The deepest map's product for one bf16 chunk (APPLY_CHUNK_BF16 positions), timed in
+ * each precision on made-up rows, turns taken, the best of PICK_REPS each after a warm-up
+ * call (which also compiles the bf16 primitive apply will use). Products only: the rest of
+ * an apply (loading, RoPE, storing) costs about the same either way. */
+#define PICK_REPS 5
+int kvl_translator_pick_precision(kvl_translator_t *t, double *ms_fp32, double *ms_bf16, char *err, size_t errlen) {
+  if (ms_fp32) *ms_fp32 = 0;
+  if (ms_bf16) *ms_bf16 = 0;
+  if (!t) return kvl_errf(err, errlen, KVL_EINVAL, "translator is NULL");
+  int rc = kvl_translator_use_bf16(t, true, err, errlen);
+  if (rc == KVL_ENOTSUP) return 0; /* no bf16 GEMM here: stays fp32 */
+  if (rc < 0) return rc;
+  const struct kvl__tr_map *mp = NULL;
+  for (int32_t l = 0; l < t->dst.n_layer; l++)
+    for (int w = 0; w < 2; w++)
+      if (t->maps[l][w].nu && (!mp || t->maps[l][w].nu > mp->nu)) mp = &t->maps[l][w];
+  if (!mp) return 0; /* no map set yet: nothing to time */
+  const int64_t M = APPLY_CHUNK_BF16, N = t->w_dst, K = (int64_t)mp->nu * t->w_src;
+  float *a = malloc((size_t)(M * K) * sizeof(float)), *c = malloc((size_t)(M * N) * sizeof(float));
+  uint16_t *ab = malloc((size_t)(M * K) * sizeof(uint16_t));
+  if (!a || !c || !ab) {
+    free(a), free(c), free(ab);
+    kvl_translator_use_bf16(t, false, NULL, 0);
+    return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory for the precision probe");
+  }
+  uint32_t x = 12345;
+  for (int64_t i = 0; i < M * K; i++) { /* values of a cache's size, no denormals */
+    x = x * 1664525u + 1013904223u;
+    a[i] = (float)((int32_t)(x >> 8) - (1 << 23)) / (float)(1 << 21);
+    ab[i] = kvl_fp32_to_bf16(a[i]);
+  }
+  double best[2] = {1e30, 1e30};
+  for (int rep = -1; rep < PICK_REPS && rc == 0; rep++) {
+    double t0 = now_ms();
+    kvl_sgemm(false, false, M, N, K, 1.0f, a, K, mp->data, N, 0.0f, c, N);
+    double t1 = now_ms();
+    rc = kvl_gemm_bf16(M, N, K, ab, K, mp->wb, N, mp->wbias, c, N);
+    double t2 = now_ms();
+    if (rep >= 0) {
+      best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
+      best[1] = t2 - t1 < best[1] ? t2 - t1 : best[1];
+    }
+  }
+  free(a), free(c), free(ab);
+  if (rc < 0 || best[0] <= best[1]) kvl_translator_use_bf16(t, false, NULL, 0);
+  if (rc == 0) {
+    if (ms_fp32) *ms_fp32 = best[0];
+    if (ms_bf16) *ms_bf16 = best[1];
+  }
+  return 0;
+}
+
 /* Are a map's sources consecutive ascending layers? Then its input rows are one strided
  * view of the position-major scratch, and nothing is gathered. */
 static bool consecutive(const struct kvl__tr_map *mp) {
@@ -148,7 +208,6 @@ static bool consecutive(const struct kvl__tr_map *mp) {
  * scratch, computed and dropped). Returns 0, KVL_ENOMEM, or KVL_ENOTSUP if a product
  * was refused: the caller then runs the fp32 path, which rewrites every position and layer
  * of the span. */
-#define APPLY_CHUNK_BF16 512
 static int apply_bf16(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen) {
   const int n_src = t->src.n_layer, ws = (int)t->w_src, wd = (int)t->w_dst;
   const int chunk = s->n < APPLY_CHUNK_BF16 ? (int)((s->n + 63) / 64 * 64) : APPLY_CHUNK_BF16;

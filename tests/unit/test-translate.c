@@ -344,6 +344,13 @@ static void test_kernel_vs_ref(void) {
     CHECK_EQ_INT(kvl_translator_use_bf16(t, true, err, sizeof(err)), KVL_ENOTSUP);
     CHECK(!kvl_translator_is_bf16(t));
   }
+  /* auto precision (kvl_translator_pick_precision): the faster of the two timed, bf16 kept
+   * only if it won; without a bf16 GEMM nothing is timed and fp32 stays */
+  double mf = -1, mb = -1;
+  CHECK_EQ_INT(kvl_translator_pick_precision(t, &mf, &mb, err, sizeof(err)), 0);
+  printf("  precision probe: fp32 %.3f ms, bf16 %.3f ms -> %s\n", mf, mb, kvl_translator_is_bf16(t) ? "bf16" : "fp32");
+  if (kvl_gemm_bf16_usable()) CHECK(mf > 0 && mb > 0 && kvl_translator_is_bf16(t) == (mb < mf));
+  else CHECK(mf == 0 && mb == 0 && !kvl_translator_is_bf16(t));
   free(k);
   free(v);
   free(map);

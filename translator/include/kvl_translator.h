@@ -231,6 +231,14 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
  * kvl_translator_get_map are not seen by the bf16 copy — call this after the maps are
  * final. */
 int kvl_translator_use_bf16(kvl_translator_t *t, bool on, char *err, size_t errlen);
+/* Use whichever precision computes this translator's products faster on this processor:
+ * its deepest map's product for one chunk of positions is timed in fp32 and in bf16 (a few
+ * milliseconds; the best of five each) and bf16 is kept only if it won. Where bf16 is
+ * slower (an Intel Xeon whose AVX512-BF16 runs at a quarter of its fp32 FMA rate,
+ * bench/README.md) or absent, the translator stays fp32. *ms_fp32 and *ms_bf16 (either
+ * may be NULL) get the two times, 0 where not measured. Returns 0 (whatever was chosen)
+ * or KVL_ENOMEM. Call after the maps are final, like kvl_translator_use_bf16. */
+int kvl_translator_pick_precision(kvl_translator_t *t, double *ms_fp32, double *ms_bf16, char *err, size_t errlen);
 /* Whether apply runs in bf16 (kvl_translator_use_bf16 took effect). */
 bool kvl_translator_is_bf16(const kvl_translator_t *t);
 
