@@ -135,10 +135,12 @@ void kvl_rope_tab(const float *cos_t, const float *sin_t, float *x, int n_tokens
   const int h2 = head_dim / 2;
   for (int t = 0; t < n_tokens; t++) {
     const float *c = cos_t + (size_t)t * h2, *sn = sin_t + (size_t)t * h2;
+    const float sg = inverse ? -1.0f : 1.0f; /* -s exactly: a sign flip */
     for (int h = 0; h < n_heads; h++) {
       float *v = x + ((size_t)t * n_heads + h) * head_dim;
+#pragma omp simd
       for (int i = 0; i < h2; i++) {
-        float a = v[i], b = v[i + h2], si = inverse ? -sn[i] : sn[i];
+        const float a = v[i], b = v[i + h2], si = sg * sn[i];
         v[i] = a * c[i] - b * si;
         v[i + h2] = a * si + b * c[i];
       }

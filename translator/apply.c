@@ -3,6 +3,7 @@
  * keys, multiply the ν layers each map reads by the map (kvl_sgemm in fp32, or
  * kvl_gemm_bf16 after kvl_translator_use_bf16), rotate with the target RoPE, store. And
  * the scalar reference. */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -289,56 +290,64 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
     if (rc != KVL_ENOTSUP) return rc;
     rc = 0;
   }
+  /* fp32: the span in chunks, each chunk wholly on one thread (loading, un-rotating, its
+   * products as single-threaded sgemms, rotating, storing): no barrier between the steps
+   * and no product split across threads. Chunks of at most APPLY_CHUNK, and no fewer
+   * than the threads. Every thread's scratch is allocated before anything is written. */
   const int n_src = t->src.n_layer, ws = (int)t->w_src, wd = (int)t->w_dst;
-  const int chunk = s->n < APPLY_CHUNK ? (int)s->n : APPLY_CHUNK;
+  const int nth = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
+  int chunk = (int)((s->n + nth - 1) / nth);
+  chunk = chunk > APPLY_CHUNK ? APPLY_CHUNK : chunk;
+  const int n_chunks = (int)((s->n + chunk - 1) / chunk), n_scr = n_chunks < nth ? n_chunks : nth;
   const int hs = s->src_rope->head_dim / 2, hd = s->dst_rope->head_dim / 2;
-  uint8_t *use = calloc((size_t)n_src, 1); /* mark_sources */
-  float *ck = malloc((size_t)n_src * chunk * ws * sizeof(float)), *cv = malloc((size_t)n_src * chunk * ws * sizeof(float));
   int64_t max_rows = 0;
   for (int32_t l = 0; l < t->dst.n_layer; l++)
     for (int w = 0; w < 2; w++)
       if (t->maps[l][w].rows > max_rows) max_rows = t->maps[l][w].rows;
-  float *x = malloc((size_t)chunk * (size_t)max_rows * sizeof(float));
-  float *tab = malloc((size_t)chunk * (size_t)(2 * hs + 2 * hd) * sizeof(float)); /* per-position RoPE tables */
-  float *yk = malloc((size_t)chunk * (size_t)wd * sizeof(float)), *yv = malloc((size_t)chunk * (size_t)wd * sizeof(float));
-  if (!use || !ck || !cv || !x || !tab || !yk || !yv) {
-    rc = kvl_errf(err, errlen, KVL_ENOMEM, "translating %d positions: out of memory for the scratch", (int)s->n);
-    goto out;
+  const size_t per_thread = (size_t)2 * n_src * chunk * ws /* ck, cv */ + (size_t)chunk * max_rows /* x */ +
+                            (size_t)chunk * (2 * hs + 2 * hd) /* RoPE tables */ + (size_t)2 * chunk * wd /* yk, yv */;
+  uint8_t *use = calloc((size_t)n_src, 1); /* mark_sources */
+  float *scratch = malloc((size_t)n_scr * per_thread * sizeof(float));
+  if (!use || !scratch) {
+    free(use);
+    free(scratch);
+    return kvl_errf(err, errlen, KVL_ENOMEM, "translating %d positions: out of memory for the scratch", (int)s->n);
   }
   mark_sources(t, use);
-  float *scs = tab, *ssn = tab + (size_t)chunk * hs, *dcs = ssn + (size_t)chunk * hs, *dsn = dcs + (size_t)chunk * hd;
-  for (int32_t i0 = 0; i0 < s->n; i0 += chunk) {
-    const int n = s->n - i0 < chunk ? (int)(s->n - i0) : chunk;
-    const int32_t *sp = s->src_pos + i0, *dp = s->dst_pos + i0;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) {
-      kvl_rope_table(s->src_rope, sp[i], scs + (size_t)i * hs, ssn + (size_t)i * hs);
-      kvl_rope_table(s->dst_rope, dp[i], dcs + (size_t)i * hd, dsn + (size_t)i * hd);
-      for (int L = 0; L < n_src; L++) {
-        if (!use[L]) continue;
-        float *k = use[L] & 1 ? ck + ((size_t)L * chunk + i) * ws : NULL;
-        float *v = use[L] & 2 ? cv + ((size_t)L * chunk + i) * ws : NULL;
-        kvl_kv_load(s->src_layout, s->src_base, L, sp[i], s->src_table, k, v);
-        if (k) /* un-rotate with this position's tables */
-          kvl_rope_tab(scs + (size_t)i * hs, ssn + (size_t)i * hs, k, 1, s->src_layout->n_kv_head,
-                       s->src_layout->head_dim, true);
+#pragma omp parallel num_threads(n_scr)
+  {
+    float *ck = scratch + (size_t)omp_get_thread_num() * per_thread, *cv = ck + (size_t)n_src * chunk * ws;
+    float *x = cv + (size_t)n_src * chunk * ws, *scs = x + (size_t)chunk * max_rows;
+    float *ssn = scs + (size_t)chunk * hs, *dcs = ssn + (size_t)chunk * hs, *dsn = dcs + (size_t)chunk * hd;
+    float *yk = dsn + (size_t)chunk * hd, *yv = yk + (size_t)chunk * wd;
+#pragma omp for schedule(dynamic, 1)
+    for (int c = 0; c < n_chunks; c++) {
+      const int32_t i0 = (int32_t)c * chunk;
+      const int n = s->n - i0 < chunk ? (int)(s->n - i0) : chunk;
+      const int32_t *sp = s->src_pos + i0, *dp = s->dst_pos + i0;
+      for (int i = 0; i < n; i++) {
+        kvl_rope_table(s->src_rope, sp[i], scs + (size_t)i * hs, ssn + (size_t)i * hs);
+        kvl_rope_table(s->dst_rope, dp[i], dcs + (size_t)i * hd, dsn + (size_t)i * hd);
+        for (int L = 0; L < n_src; L++) {
+          if (!use[L]) continue;
+          float *k = use[L] & 1 ? ck + ((size_t)L * chunk + i) * ws : NULL;
+          float *v = use[L] & 2 ? cv + ((size_t)L * chunk + i) * ws : NULL;
+          kvl_kv_load(s->src_layout, s->src_base, L, sp[i], s->src_table, k, v);
+          if (k) /* un-rotate with this position's tables */
+            kvl_rope_tab(scs + (size_t)i * hs, ssn + (size_t)i * hs, k, 1, s->src_layout->n_kv_head,
+                         s->src_layout->head_dim, true);
+        }
+      }
+      for (int32_t l = 0; l < t->dst.n_layer; l++) {
+        product(t, &t->maps[l][KVL_TRANSLATOR_K], ck, chunk, n, x, yk);
+        product(t, &t->maps[l][KVL_TRANSLATOR_V], cv, chunk, n, x, yv);
+        rotate_store(s, (int)l, n, dcs, dsn, yk, yv, wd, dp);
       }
     }
-    for (int32_t l = 0; l < t->dst.n_layer; l++) {
-      product(t, &t->maps[l][KVL_TRANSLATOR_K], ck, chunk, n, x, yk);
-      product(t, &t->maps[l][KVL_TRANSLATOR_V], cv, chunk, n, x, yv);
-      rotate_store(s, (int)l, n, dcs, dsn, yk, yv, wd, dp);
-    }
   }
-out:
   free(use);
-  free(ck);
-  free(cv);
-  free(x);
-  free(tab);
-  free(yk);
-  free(yv);
-  return rc;
+  free(scratch);
+  return 0;
 }
 
 /* y[w_T] = x · map, accumulated in double. */
