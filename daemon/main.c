@@ -47,19 +47,27 @@ static void usage(FILE *f) {
 
 /* ---- models ------------------------------------------------------------------------- */
 
+/* The spill directory and its parents (mode 0700 where created): the disk tiers' files
+ * and the shutdown snapshots live there. */
+static void make_spill_dir(const struct kvld *d) {
+  char dir[sizeof(d->cfg.spill_dir)];
+  snprintf(dir, sizeof(dir), "%s", d->cfg.spill_dir);
+  for (char *q = dir + 1; *q; q++)
+    if (*q == '/') { *q = 0; mkdir(dir, 0700); *q = '/'; }
+  mkdir(dir, 0700);
+}
+
 static int load_models(struct kvld *d, kvl_sched_t *s, char *err, size_t errlen) {
+  bool spill_used = d->cfg.cache_snapshot; /* snapshots are written there at shutdown */
+  for (int i = 0; i < d->cfg.n_models; i++) spill_used |= d->cfg.models[i].disk_bytes > 0;
+  if (spill_used) make_spill_dir(d);
   for (int i = 0; i < d->cfg.n_models; i++) {
     struct kvld_model *m = &d->models[i];
     int rc = kvld_model_open(m, &d->cfg.models[i], err, errlen);
     if (rc < 0) return rc;
     if (d->cfg.models[i].disk_bytes > 0) {
-      char cmd[1200];
-      snprintf(cmd, sizeof(cmd), "%s", d->cfg.spill_dir);
-      for (char *q = cmd + 1; *q; q++)
-        if (*q == '/') { *q = 0; mkdir(cmd, 0700); *q = '/'; }
-      mkdir(cmd, 0700);
       char path[sizeof(m->disk_path)]; /* built apart: source and destination both live in *d */
-      snprintf(path, sizeof(path), "%s/%s.%d.kv", cmd, d->cfg.models[i].name, (int)getpid());
+      snprintf(path, sizeof(path), "%s/%s.%d.kv", d->cfg.spill_dir, d->cfg.models[i].name, (int)getpid());
       memcpy(m->disk_path, path, sizeof(path));
     }
     struct kvl_sched_model sm;

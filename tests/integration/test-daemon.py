@@ -21,6 +21,7 @@ import json
 import os
 import random
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,7 @@ models:
     hot_mib: 256
 """)
 cfg.close()
+shutil.copyfile(cfg.name, cfg.name + ".orig")
 log = open(os.path.join(tempfile.gettempdir(), "kvlingod-test.log"), "w")
 d = subprocess.Popen([kvlingod, "--config", cfg.name], stdout=subprocess.PIPE, stderr=log, text=True)
 line = d.stdout.readline()
@@ -490,6 +492,19 @@ lg3 = open(log3).read()
 check('"snapshot_discarded"' in lg3 and out3 == ref and u3.cached_native_tokens == 0,
       f"restart: a damaged snapshot is discarded with a warning and the daemon serves from scratch "
       f"({u3.cached_native_tokens} cached)")
+# a spill directory that does not exist yet, and no disk tier that would have made it: the
+# daemon creates it at start, so the shutdown snapshot has somewhere to go
+fresh_spill = os.path.join(tempfile.mkdtemp(prefix="kvl-spill-"), "not", "yet")
+with open(cfg.name, "w") as f:
+    f.write(open(cfg.name + ".orig").read().replace(spill_dir, fresh_spill).replace("    disk_mib: 64\n", ""))
+p4, s4, log4 = launch("r4")
+ask(s4)
+p4.send_signal(signal.SIGTERM)
+p4.wait(timeout=120)
+snap4 = os.path.join(fresh_spill, "small.snapshot")
+check(os.path.exists(snap4) and (os.stat(os.path.dirname(snap4)).st_mode & 0o777) == 0o700
+      and '"snapshot_failed"' not in open(log4).read(),
+      "restart: a spill_dir that did not exist is created (mode 0700) and the snapshot written into it")
 if check.failed:
     print(open(log.name).read()[-3000:])
 sys.exit(1 if check.failed else 0)

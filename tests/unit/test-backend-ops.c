@@ -458,6 +458,43 @@ static double now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* A new turn's prefill attention after a long history (a switch's first step, a chat's
+ * next turn): one sequence, 32 tokens at positions D .. D+31 over a cache of D+32
+ * positions, the 1.5B's geometry (28 layers, 2 KV heads of 128, 12 query heads) and the
+ * 0.5B's (24 layers, 2 of 64, 14); bf16; the layers in turn. */
+static void perf_attention_turn(kvl_backend_t *be) {
+  static const struct { const char *name; struct kvl_kv_layout l; int n_head; } geo[] = {
+      {"1.5B", {28, 2, 128, KVL_KV_BF16}, 12}, {"0.5B", {24, 2, 64, KVL_KV_BF16}, 14}};
+  for (size_t gi = 0; gi < sizeof(geo) / sizeof(geo[0]); gi++) {
+    const struct kvl_kv_layout l = geo[gi].l;
+    const int T = 32, D = 8192, nb = (D + T) / KVL_KV_BLOCK, n_head = geo[gi].n_head, qw = n_head * l.head_dim;
+    void *pool = calloc((size_t)nb, kvl_kv_block_bytes(&l));
+    int32_t *ids = malloc((size_t)nb * sizeof(int32_t)), *pos = malloc((size_t)T * sizeof(int32_t));
+    int32_t *sq = calloc((size_t)T, sizeof(int32_t));
+    float *q = malloc((size_t)T * qw * 4), *o = malloc((size_t)T * qw * 4);
+    CHECK(pool && ids && pos && sq && q && o);
+    for (int i = 0; i < nb; i++) ids[i] = i;
+    fill(pool, (size_t)nb * kvl_kv_block_bytes(&l) / 4, 0.5f);
+    for (size_t i = 0; i < (size_t)nb * kvl_kv_block_bytes(&l) / 2; i++) ((uint16_t *)pool)[i] &= 0xbfff;
+    fill(q, (size_t)T * qw, 1.0f);
+    for (int t = 0; t < T; t++) pos[t] = D + t;
+    const int32_t *bts[] = {ids};
+    struct kvl_attn_args a = {T, q, o, pos, sq, bts, n_head, 0, &l, pool, 0.088f};
+    double best = 1e30;
+    for (int round = 0; round < 5; round++) {
+      const double t0 = now();
+      for (int layer = 0; layer < l.n_layer; layer++) a.layer = layer, kvl_attention(be, &a);
+      const double t = now() - t0;
+      best = t < best ? t : best;
+    }
+    const double flop = 4.0 * T * (D + T / 2.0) * n_head * l.head_dim * l.n_layer; /* QK and PV */
+    printf("  attention turn, %s: 32 tokens after %d positions, %d layers: %7.2f ms  %6.1f GFLOP/s\n", geo[gi].name, D,
+           l.n_layer, best * 1e3, flop / best * 1e-9);
+    free(pool);
+    free(ids), free(pos), free(sq), free(q), free(o);
+  }
+}
+
 /* Decode attention as the scheduler runs it: 16 streams, a token each, every stream's
  * blocks scattered over a pool of the 1.5B's geometry (28 layers, 2 KV heads of 128, 12
  * query heads; bf16); one layer per call, the layers in turn, so that the keys come from
@@ -528,6 +565,7 @@ static void perf(kvl_backend_t *be) {
       free(wd); free(x); free(y);
     }
   perf_attention(be);
+  perf_attention_turn(be);
 }
 
 /* kvl_sgemm (oneDNN; KVL_SGEMM=openblas runs it on OpenBLAS) against a double-precision product,
