@@ -86,20 +86,29 @@ static void rotate_store(const struct kvl_translate_span *s, int l, int n, const
   }
 }
 
-/* y[n][w_T] = the map's input rows times the map: the chunk's rows of its ν source layers
- * (cached: [layer][chunk][w_S]) side by side in x[n][rows], then a 1 when affine; one
- * sgemm over all rows (one deep product runs near the GEMM's peak, ν shallow ones do not). */
-static void product(const kvl_translator_t *t, const struct kvl__tr_map *mp, const float *cache, int chunk, int n,
-                    float *x, float *y) {
-  const int64_t ws = t->w_src, rows = mp->rows;
-#pragma omp parallel for schedule(static) if (n * rows > 65536)
-  for (int i = 0; i < n; i++) {
-    for (int j = 0; j < mp->nu; j++)
-      memcpy(x + (size_t)i * rows + (size_t)j * ws, cache + ((size_t)mp->sources[j] * chunk + i) * ws,
-             (size_t)ws * sizeof(float));
-    if (t->affine) x[(size_t)i * rows + rows - 1] = 1.0f;
+/* y[n][w_T] = the map's input rows times the map, read in place from the chunk's
+ * position-major scratch (cache: [position][source layer][w_S], per_pos floats per
+ * position): one sgemm per run of consecutive source layers among the map's ν (a strided
+ * view, K = the run's length x w_S), each added to y; when affine, y starts as the
+ * intercept row. Nothing is gathered: copying each map's ν rows side by side took 9 % of
+ * a long span's translation (43 of the pair's 48 maps read non-consecutive layers). */
+static void product(const kvl_translator_t *t, const struct kvl__tr_map *mp, const float *cache, int64_t per_pos, int n,
+                    float *y) {
+  const int64_t ws = t->w_src, wd = t->w_dst;
+  float beta = 0.0f;
+  if (t->affine) {
+    const float *bias = mp->data + (int64_t)mp->nu * ws * wd;
+    for (int i = 0; i < n; i++) memcpy(y + (size_t)i * wd, bias, (size_t)wd * sizeof(float));
+    beta = 1.0f;
   }
-  kvl_sgemm(false, false, n, t->w_dst, rows, 1.0f, x, rows, mp->data, t->w_dst, 0.0f, y, t->w_dst);
+  for (int j = 0; j < mp->nu;) {
+    int len = 1;
+    while (j + len < mp->nu && mp->sources[j + len] == mp->sources[j] + len) len++;
+    kvl_sgemm(false, false, n, wd, len * ws, 1.0f, cache + (size_t)mp->sources[j] * ws, per_pos,
+              mp->data + (size_t)j * ws * wd, wd, beta, y, wd);
+    beta = 1.0f;
+    j += len;
+  }
 }
 
 int kvl_translator_use_bf16(kvl_translator_t *t, bool on, char *err, size_t errlen) {
@@ -300,12 +309,9 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
   chunk = chunk > APPLY_CHUNK ? APPLY_CHUNK : chunk;
   const int n_chunks = (int)((s->n + chunk - 1) / chunk), n_scr = n_chunks < nth ? n_chunks : nth;
   const int hs = s->src_rope->head_dim / 2, hd = s->dst_rope->head_dim / 2;
-  int64_t max_rows = 0;
-  for (int32_t l = 0; l < t->dst.n_layer; l++)
-    for (int w = 0; w < 2; w++)
-      if (t->maps[l][w].rows > max_rows) max_rows = t->maps[l][w].rows;
-  const size_t per_thread = (size_t)2 * n_src * chunk * ws /* ck, cv */ + (size_t)chunk * max_rows /* x */ +
-                            (size_t)chunk * (2 * hs + 2 * hd) /* RoPE tables */ + (size_t)2 * chunk * wd /* yk, yv */;
+  const int64_t per_pos = (int64_t)n_src * ws; /* the scratch's floats per position */
+  const size_t per_thread = (size_t)2 * chunk * per_pos /* ck, cv */ + (size_t)chunk * (2 * hs + 2 * hd) /* RoPE tables */ +
+                            (size_t)2 * chunk * wd /* yk, yv */;
   uint8_t *use = calloc((size_t)n_src, 1); /* mark_sources */
   float *scratch = malloc((size_t)n_scr * per_thread * sizeof(float));
   if (!use || !scratch) {
@@ -316,8 +322,8 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
   mark_sources(t, use);
 #pragma omp parallel num_threads(n_scr)
   {
-    float *ck = scratch + (size_t)omp_get_thread_num() * per_thread, *cv = ck + (size_t)n_src * chunk * ws;
-    float *x = cv + (size_t)n_src * chunk * ws, *scs = x + (size_t)chunk * max_rows;
+    float *ck = scratch + (size_t)omp_get_thread_num() * per_thread, *cv = ck + (size_t)chunk * per_pos;
+    float *scs = cv + (size_t)chunk * per_pos;
     float *ssn = scs + (size_t)chunk * hs, *dcs = ssn + (size_t)chunk * hs, *dsn = dcs + (size_t)chunk * hd;
     float *yk = dsn + (size_t)chunk * hd, *yv = yk + (size_t)chunk * wd;
 #pragma omp for schedule(dynamic, 1)
@@ -330,8 +336,8 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
         kvl_rope_table(s->dst_rope, dp[i], dcs + (size_t)i * hd, dsn + (size_t)i * hd);
         for (int L = 0; L < n_src; L++) {
           if (!use[L]) continue;
-          float *k = use[L] & 1 ? ck + ((size_t)L * chunk + i) * ws : NULL;
-          float *v = use[L] & 2 ? cv + ((size_t)L * chunk + i) * ws : NULL;
+          float *k = use[L] & 1 ? ck + (size_t)i * per_pos + (size_t)L * ws : NULL;
+          float *v = use[L] & 2 ? cv + (size_t)i * per_pos + (size_t)L * ws : NULL;
           kvl_kv_load(s->src_layout, s->src_base, L, sp[i], s->src_table, k, v);
           if (k) /* un-rotate with this position's tables */
             kvl_rope_tab(scs + (size_t)i * hs, ssn + (size_t)i * hs, k, 1, s->src_layout->n_kv_head,
@@ -339,8 +345,8 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
         }
       }
       for (int32_t l = 0; l < t->dst.n_layer; l++) {
-        product(t, &t->maps[l][KVL_TRANSLATOR_K], ck, chunk, n, x, yk);
-        product(t, &t->maps[l][KVL_TRANSLATOR_V], cv, chunk, n, x, yv);
+        product(t, &t->maps[l][KVL_TRANSLATOR_K], ck, per_pos, n, yk);
+        product(t, &t->maps[l][KVL_TRANSLATOR_V], cv, per_pos, n, yv);
         rotate_store(s, (int)l, n, dcs, dsn, yk, yv, wd, dp);
       }
     }

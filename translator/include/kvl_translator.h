@@ -211,7 +211,8 @@ struct kvl_translate_span {
  * for architectures without a k-norm), concatenate (+ a 1 when affine), multiply by
  * K_ℓ, rotate with the target RoPE at dst_pos[i]; V likewise without RoPE; store both
  * at dst_pos[i] of the target cache. Batched: per layer, tokens in chunks, one GEMM
- * per chunk and map (kvl_sgemm in fp32; kvl_gemm_bf16 after kvl_translator_use_bf16).
+ * per chunk, map and run of consecutive source layers (kvl_sgemm in fp32, a chunk per
+ * thread), or per chunk and map (kvl_gemm_bf16 after kvl_translator_use_bf16).
  * The caches may be fp32 or bf16.
  * Only the target positions are written. Returns 0, KVL_EINVAL (NULL pointer, negative
  * n or position, RoPE head_dim not the layout's), KVL_EMISMATCH (a layout that does not
