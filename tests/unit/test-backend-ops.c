@@ -458,6 +458,24 @@ static double now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* A bf16 pool of n_blocks blocks filled with small floats (any bits below magnitude 2). */
+static void fill_kv_pool(void *pool, int n_blocks, const struct kvl_kv_layout *l) {
+  fill(pool, (size_t)n_blocks * kvl_kv_block_bytes(l) / 4, 0.5f);
+  for (size_t i = 0; i < (size_t)n_blocks * kvl_kv_block_bytes(l) / 2; i++) ((uint16_t *)pool)[i] &= 0xbfff;
+}
+
+/* The best of five passes of attention over every layer in turn, in seconds. */
+static double time_attention(kvl_backend_t *be, struct kvl_attn_args *a, int n_layer) {
+  double best = 1e30;
+  for (int round = 0; round < 5; round++) {
+    const double t0 = now();
+    for (int layer = 0; layer < n_layer; layer++) a->layer = layer, kvl_attention(be, a);
+    const double t = now() - t0;
+    best = t < best ? t : best;
+  }
+  return best;
+}
+
 /* A new turn's prefill attention after a long history (a switch's first step, a chat's
  * next turn): one sequence, 32 tokens at positions D .. D+31 over a cache of D+32
  * positions, the 1.5B's geometry (28 layers, 2 KV heads of 128, 12 query heads) and the
@@ -474,19 +492,12 @@ static void perf_attention_turn(kvl_backend_t *be) {
     float *q = malloc((size_t)T * qw * 4), *o = malloc((size_t)T * qw * 4);
     CHECK(pool && ids && pos && sq && q && o);
     for (int i = 0; i < nb; i++) ids[i] = i;
-    fill(pool, (size_t)nb * kvl_kv_block_bytes(&l) / 4, 0.5f);
-    for (size_t i = 0; i < (size_t)nb * kvl_kv_block_bytes(&l) / 2; i++) ((uint16_t *)pool)[i] &= 0xbfff;
+    fill_kv_pool(pool, nb, &l);
     fill(q, (size_t)T * qw, 1.0f);
     for (int t = 0; t < T; t++) pos[t] = D + t;
     const int32_t *bts[] = {ids};
     struct kvl_attn_args a = {T, q, o, pos, sq, bts, n_head, 0, &l, pool, 0.088f};
-    double best = 1e30;
-    for (int round = 0; round < 5; round++) {
-      const double t0 = now();
-      for (int layer = 0; layer < l.n_layer; layer++) a.layer = layer, kvl_attention(be, &a);
-      const double t = now() - t0;
-      best = t < best ? t : best;
-    }
+    const double best = time_attention(be, &a, l.n_layer);
     const double flop = 4.0 * T * (D + T / 2.0) * n_head * l.head_dim * l.n_layer; /* QK and PV */
     printf("  attention turn, %s: 32 tokens after %d positions, %d layers: %7.2f ms  %6.1f GFLOP/s\n", geo[gi].name, D,
            l.n_layer, best * 1e3, flop / best * 1e-9);
@@ -515,19 +526,11 @@ static void perf_attention(kvl_backend_t *be) {
       const int j = (int)(kvl_test_rand(&seed) % (uint64_t)(i + 1)), t = ids[i];
       ids[i] = ids[j], ids[j] = t;
     }
-    fill(pool, (size_t)n_blocks * kvl_kv_block_bytes(&l) / 4, 0.5f); /* any bits; small floats */
-    for (size_t i = 0; i < (size_t)n_blocks * kvl_kv_block_bytes(&l) / 2; i++)
-      ((uint16_t *)pool)[i] &= 0xbfff; /* bf16 of magnitude below 2 */
+    fill_kv_pool(pool, n_blocks, &l);
     fill(q, (size_t)S * qw, 1.0f);
     for (int s = 0; s < S; s++) bts[s] = ids + (size_t)s * nb, pos[s] = ctx - 1, sq[s] = s;
     struct kvl_attn_args a = {S, q, o, pos, sq, bts, n_head, 0, &l, pool, 0.088f};
-    double best = 1e30;
-    for (int round = 0; round < 5; round++) {
-      const double t0 = now();
-      for (int layer = 0; layer < l.n_layer; layer++) a.layer = layer, kvl_attention(be, &a);
-      const double t = now() - t0;
-      best = t < best ? t : best;
-    }
+    const double best = time_attention(be, &a, l.n_layer);
     const double bytes = (double)S * ctx * l.n_layer * 2 * l.n_kv_head * l.head_dim * 2;
     printf("  attention decode, 16 streams x %d positions, 28 layers: %7.2f ms  %6.2f GB/s of KV\n", ctx, best * 1e3,
            bytes / best * 1e-9);
