@@ -297,7 +297,6 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
   if (t->bf16) {
     rc = apply_bf16(t, s, err, errlen);
     if (rc != KVL_ENOTSUP) return rc;
-    rc = 0;
   }
   /* fp32: the span in chunks, each chunk wholly on one thread (loading, un-rotating, its
    * products as single-threaded sgemms, rotating, storing): no barrier between the steps
