@@ -181,12 +181,16 @@ else:
     # longer reproduce the source's cache bit for bit (the token-for-token check below)
     inf, hport = start(pair, [AA, AA], "translation_precision: fp32\n")  # one file, both directions
 inf_tok = inf
-if mode == "real":  # the default precision, auto: bf16 products where the processor has a bf16 GEMM
+if mode == "real":  # the default precision, auto: whichever of fp32 and bf16 its probe timed faster
     flags = open("/proc/cpuinfo").read().split()
-    want = "bf16" if "avx512_bf16" in flags or "amx_bf16" in flags else "fp32"
-    got = [json.loads(ln).get("precision") for ln in open(os.path.join(tmp, "d0.yaml.log"))
-           if '"translator_loaded"' in ln]
-    check(got == [want, want], f"translation_precision auto: both translators' products in {want} ({got})")
+    has_bf16 = "avx512_bf16" in flags or "amx_bf16" in flags
+    loaded = [json.loads(ln) for ln in open(os.path.join(tmp, "d0.yaml.log")) if '"translator_loaded"' in ln]
+    want = [("bf16" if e["probe_ms_bf16"] < e["probe_ms_fp32"] else "fp32") if has_bf16 else "fp32" for e in loaded]
+    probed = all((e["probe_ms_fp32"] > 0 and e["probe_ms_bf16"] > 0) == has_bf16 for e in loaded)
+    got = [e.get("precision") for e in loaded]
+    check(len(got) == 2 and got == want and probed,
+          f"translation_precision auto: each translator in the precision its probe found faster ({got}; probes "
+          f"{[(e['probe_ms_fp32'], e['probe_ms_bf16']) for e in loaded]}; bf16 GEMM here: {has_bf16})")
 bad_cfg = os.path.join(tmp, "bad-precision.yaml")
 with open(bad_cfg, "w") as f:
     f.write("grpc_port: 0\nhttp_port: -1\ntranslation_precision: fp16\n")

@@ -224,8 +224,9 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
 /* Apply this translator's products in bf16 from now on (on = true), or in fp32 again:
  * the maps are rounded to bf16 once, here (the intercept row stays fp32, as the GEMM's
  * bias), the source rows (un-rotated keys, values) at each apply; products accumulate in
- * fp32. About 2x faster where the processor has AVX512-BF16 or AMX (kvl_gemm_bf16), at
- * the price of those roundings (docs/translators.md, "Precision"); a translator between a
+ * fp32. Faster on some processors with AVX512-BF16 or AMX (kvl_gemm_bf16; a Zen 4:
+ * 1.6-1.9x), slower on others (an Intel Xeon without AMX: kvl_translator_pick_precision
+ * measures which), at the price of those roundings (docs/translators.md, "Precision"); a translator between a
  * model and itself is then no longer exactly the identity. Returns 0, KVL_ENOTSUP (this
  * processor cannot: the translator stays fp32) or KVL_ENOMEM. Setting a map afterwards
  * (kvl_translator_set_map) returns the translator to fp32; maps changed in place through
