@@ -13,7 +13,7 @@
 #include "translator-impl.h"
 
 #define APPLY_CHUNK 512      /* positions per pass: bounds the scratch at any span length */
-#define APPLY_CHUNK_BF16 512 /* the same for the bf16 path */
+#define APPLY_CHUNK_BF16 512 /* the same for the bf16 path (kvl_translator_pick_precision times one of each) */
 
 /* Everything that can be refused, checked before anything is written. */
 static int check_span(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen) {
@@ -151,10 +151,12 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* The deepest map's product for one bf16 chunk (APPLY_CHUNK_BF16 positions), timed in
- * each precision on made-up rows, turns taken, the best of PICK_REPS each after a warm-up
- * call (which also compiles the bf16 primitive apply will use). Products only: the rest of
- * an apply (loading, RoPE, storing) costs about the same either way. */
+/* The deepest map's product for one chunk (APPLY_CHUNK_BF16 = APPLY_CHUNK positions),
+ * timed in each precision on made-up rows as apply runs it: fp32 as every thread's own
+ * single-threaded sgemm at once (the time per chunk: the wall time over the threads), bf16
+ * as one kvl_gemm_bf16 across them; turns taken, the best of PICK_REPS each after a
+ * warm-up call (which also compiles the bf16 primitive apply will use). Products only: the
+ * rest of an apply (loading, RoPE, storing) costs about the same either way. */
 #define PICK_REPS 5
 int kvl_translator_pick_precision(kvl_translator_t *t, double *ms_fp32, double *ms_bf16, char *err, size_t errlen) {
   if (ms_fp32) *ms_fp32 = 0;
@@ -169,7 +171,8 @@ int kvl_translator_pick_precision(kvl_translator_t *t, double *ms_fp32, double *
       if (t->maps[l][w].nu && (!mp || t->maps[l][w].nu > mp->nu)) mp = &t->maps[l][w];
   if (!mp) return 0; /* no map set yet: nothing to time */
   const int64_t M = APPLY_CHUNK_BF16, N = t->w_dst, K = (int64_t)mp->nu * t->w_src;
-  float *a = malloc((size_t)(M * K) * sizeof(float)), *c = malloc((size_t)(M * N) * sizeof(float));
+  const int nth = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
+  float *a = malloc((size_t)(M * K) * sizeof(float)), *c = malloc((size_t)(nth * M * N) * sizeof(float));
   uint16_t *ab = malloc((size_t)(M * K) * sizeof(uint16_t));
   if (!a || !c || !ab) {
     free(a), free(c), free(ab);
@@ -184,14 +187,15 @@ int kvl_translator_pick_precision(kvl_translator_t *t, double *ms_fp32, double *
   }
   double best[2] = {1e30, 1e30};
   for (int rep = -1; rep < PICK_REPS && rc == 0; rep++) {
-    double t0 = now_ms();
-    kvl_sgemm(false, false, M, N, K, 1.0f, a, K, mp->data, N, 0.0f, c, N);
-    double t1 = now_ms();
+    const double t0 = now_ms();
+#pragma omp parallel num_threads(nth)
+    kvl_sgemm(false, false, M, N, K, 1.0f, a, K, mp->data, N, 0.0f, c + (size_t)omp_get_thread_num() * M * N, N);
+    const double t1 = now_ms();
     rc = kvl_gemm_bf16(M, N, K, ab, K, mp->wb, N, mp->wbias, c, N);
-    double t2 = now_ms();
+    const double t2 = now_ms(), f = (t1 - t0) / nth, b = t2 - t1; /* ms per chunk */
     if (rep >= 0) {
-      best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
-      best[1] = t2 - t1 < best[1] ? t2 - t1 : best[1];
+      best[0] = f < best[0] ? f : best[0];
+      best[1] = b < best[1] ? b : best[1];
     }
   }
   free(a), free(c), free(ab);
