@@ -78,6 +78,66 @@ static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_
   block_more(A, K, ws, go, ng, Bj, XDj, CBj, XSj, SB, RB, OFF, acc);
 }
 
+/* The rows of a block against two groups of 16 tokens at once (the second group's
+ * activations, scales and sums one group's size after the first's, as the driver lays them
+ * out): each broadcast of a row's 4 codes feeds two vpdpbusd, one per group, which halves
+ * the broadcast loads per product and, with 16 integer sums in flight (NC chains per row
+ * and group: 1 for 8 rows, 2 for 4), drops the chain merge of block_more for 8 rows.
+ * acc[h * RB + r]: row r, group h. The same integer sums and the same floating-point
+ * steps per row and token as block_more: bit-identical. */
+static inline __attribute__((always_inline)) void block2_more(const uint8_t *A, int64_t K, const float *ws,
+                                                             const float *go, int64_t ng, const int8_t *B0,
+                                                             const float *XD0, const float *CB0, const int32_t *XS0,
+                                                             const int SB, const int RB, const int OFF, __m512 *acc) {
+  const int NC = 8 / RB; /* chains per row and group */
+  const int8_t *Bh[2] = {B0, B0 + K * TG};
+  const float *XDh[2] = {XD0, XD0 + (K / 16) * TG}, *CBh[2] = {CB0, CB0 + (K / 16) * TG};
+  const int32_t *XSh[2] = {XS0, XS0 + (K / 16) * TG};
+  for (int64_t g = 0; g < ng; g++) {
+    const int64_t gi = g * SB / 16;
+    __m512i s[16]; /* s[(r * 2 + h) * NC + c] */
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+      const __m512i s0 = OFF ? _mm512_mullo_epi32(_mm512_load_si512((const void *)(XSh[h] + gi * TG)), _mm512_set1_epi32(-OFF))
+                             : _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < NC; c++) s[(r * 2 + h) * NC + c] = c ? _mm512_setzero_si512() : s0;
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < SB / 4; i += NC) {
+      __m512i x[2][2];
+#pragma GCC unroll 2
+      for (int c = 0; c < NC; c++)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) x[h][c] = _mm512_load_si512((const void *)(Bh[h] + (g * SB / 4 + i + c) * 64));
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < NC; c++) {
+          int32_t wv;
+          memcpy(&wv, A + r * K + g * SB + 4 * (i + c), 4);
+          const __m512i wb = _mm512_set1_epi32(wv);
+          s[(r * 2) * NC + c] = _mm512_dpbusd_epi32(s[(r * 2) * NC + c], wb, x[0][c]);
+          s[(r * 2 + 1) * NC + c] = _mm512_dpbusd_epi32(s[(r * 2 + 1) * NC + c], wb, x[1][c]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+      const __m512 xd = _mm512_load_ps(XDh[h] + gi * TG), cb = _mm512_load_ps(CBh[h] + gi * TG);
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; r++) {
+        __m512i si = s[(r * 2 + h) * NC];
+        if (NC == 2) si = _mm512_add_epi32(si, s[(r * 2 + h) * NC + 1]);
+        __m512 *a = acc + h * RB + r;
+        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(_mm512_set1_ps(ws[r * ng + g]), xd), *a);
+        if (!OFF) *a = _mm512_fnmadd_ps(_mm512_set1_ps(go[r * ng + g]), cb, *a);
+      }
+    }
+  }
+}
+
 /* RB rows per block: 8 for the 32-element groups; Q6_K's 16-element groups fold twice as
  * often, and 4 rows keep its sums and accumulators in registers (test-backend-ops --perf:
  * 8 rows cost it 15-20 % at 64 and 256 tokens; with two chains per row, the same as 4) */
@@ -93,6 +153,21 @@ RUN(run_q4_k, 8, 32, 0)
 RUN(run_q8_0, 8, 32, 128)
 RUN(run_q5_0, 8, 32, 16)
 RUN(run_q6_k, 4, 16, 32)
+
+/* The same for two token groups (kvl__lanes_fn; results of the second group at v + RB x TG) */
+#define RUN2(NAME, RB, SB, OFF)                                                                                    \
+  static void NAME(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,      \
+                   const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v) {            \
+    (void)type;                                                                                                  \
+    __m512 acc[2 * RB];                                                                                          \
+    for (int r = 0; r < 2 * RB; r++) acc[r] = _mm512_setzero_ps();                                               \
+    block2_more(A, K, ws, go, ng, Bj, XD, CB, XS, SB, RB, OFF, acc);                                             \
+    for (int r = 0; r < 2 * RB; r++) _mm512_store_ps(v + r * TG, acc[r]);                                        \
+  }
+RUN2(run2_q4_k, 8, 32, 0)
+RUN2(run2_q8_0, 8, 32, 128)
+RUN2(run2_q5_0, 8, 32, 16)
+RUN2(run2_q6_k, 4, 16, 32)
 
 /* Q4_K rows straight from the packed blocks, one group of 16 tokens (kvl__lanes_direct_fn):
  * a 32-bit load of codes holds 4 low nibbles (elements of sub-block 2j) and 4 high ones
@@ -233,9 +308,9 @@ static void store_4(const float *v, const float *b, float *y, int64_t N) { store
 int kvl__qmatmul_avx512vnni(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                             const float *xd, const int32_t *xs, int T, const float *bias, float *y) {
   switch (type) {
-  case KVL_TYPE_Q6_K: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, run_q6_k, direct_q6_k, store_4);
-  case KVL_TYPE_Q8_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q8_0, NULL, store_8);
-  case KVL_TYPE_Q5_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q5_0, NULL, store_8);
-  default: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q4_k, direct_q4_k, store_8);
+  case KVL_TYPE_Q6_K: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, run_q6_k, run2_q6_k, direct_q6_k, store_4);
+  case KVL_TYPE_Q8_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q8_0, run2_q8_0, NULL, store_8);
+  case KVL_TYPE_Q5_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q5_0, run2_q5_0, NULL, store_8);
+  default: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q4_k, run2_q4_k, direct_q4_k, store_8);
   }
 }

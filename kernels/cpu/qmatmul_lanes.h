@@ -43,7 +43,8 @@ typedef void kvl__lanes_store_fn(const float *v, const float *b, float *y, int64
 static inline __attribute__((always_inline)) int
 kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                    const float *xd, const int32_t *xs, int T, const float *bias, float *y, const int TG, const int RB,
-                   const bool q8_offset, kvl__lanes_fn *run, kvl__lanes_direct_fn *direct, kvl__lanes_store_fn *store) {
+                   const bool q8_offset, kvl__lanes_fn *run, kvl__lanes_fn *run2, kvl__lanes_direct_fn *direct,
+                   kvl__lanes_store_fn *store) {
   enum { CH = 256 }; /* elements per unpacked chunk */
   KVL_ASSERT(RB * TG <= KVL__LANES_MAX);
   const bool kq = type == KVL_TYPE_Q4_K || type == KVL_TYPE_Q6_K;
@@ -139,19 +140,23 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
         for (const char *p = p0; p < p1; p += 64) _mm_prefetch(p, _MM_HINT_T1);
       }
       const int j_end = (int)((tile + 1) * tpt < ntg ? (tile + 1) * tpt : ntg);
-      for (int j = (int)(tile * tpt); j < j_end; j++) {
+      for (int j = (int)(tile * tpt); j < j_end;) {
         const int8_t *Bj = B + bsz * j;
         const float *xdv = XD + fsz * j, *cbv = CB + fsz * j;
-        float v[KVL__LANES_MAX] __attribute__((aligned(64))); /* RB x TG results */
+        const int pair = run2 && !straight && j + 1 < j_end ? 2 : 1;
+        float v[2 * KVL__LANES_MAX] __attribute__((aligned(64))); /* RB x TG results per group */
         if (straight) direct(type, (const uint8_t *)w + (size_t)r0 * row_bytes, row_bytes, nr, K, Bj, xdv, cbv, XS + fsz * j, v);
-        else run(type, A, K, ws, go, ng, Bj, xdv, cbv, XS + fsz * j, v);
-        const int t0 = TG * j, tn = T - t0 < TG ? T - t0 : TG;
-        /* the scalar loop, a transposed store of 4-byte pieces to TG rows of y, took 5 % of
-         * the 1.5B's pp512 on a Zen 4 (perf) */
-        if (store && tn == TG && nr == RB) store(v, bias ? bias + r0 : NULL, y + (int64_t)t0 * N + r0, N);
-        else
-          for (int t = 0; t < tn; t++)
-            for (int r = 0; r < nr; r++) y[(int64_t)(t0 + t) * N + r0 + r] = v[r * TG + t] + (bias ? bias[r0 + r] : 0.0f);
+        else (pair == 2 ? run2 : run)(type, A, K, ws, go, ng, Bj, xdv, cbv, XS + fsz * j, v);
+        for (int h = 0; h < pair; h++, j++) {
+          const float *vh = v + h * RB * TG;
+          const int t0 = TG * j, tn = T - t0 < TG ? T - t0 : TG;
+          /* the scalar loop, a transposed store of 4-byte pieces to TG rows of y, took 5 % of
+           * the 1.5B's pp512 on a Zen 4 (perf) */
+          if (store && tn == TG && nr == RB) store(vh, bias ? bias + r0 : NULL, y + (int64_t)t0 * N + r0, N);
+          else
+            for (int t = 0; t < tn; t++)
+              for (int r = 0; r < nr; r++) y[(int64_t)(t0 + t) * N + r0 + r] = vh[r * TG + t] + (bias ? bias[r0 + r] : 0.0f);
+        }
       }
     }
     free(A);
