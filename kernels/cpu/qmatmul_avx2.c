@@ -39,10 +39,11 @@ enum { TG = 8, RB = 4 }; /* tokens per vector; rows per block */
 static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_t K, const float *ws, const float *go,
                                                        int64_t ng, const int8_t *Bj, const float *XDj,
                                                        const float *CBj, const int SB, const int DEPTH, const bool Q8,
-                                                       __m256 acc[RB]) {
+                                                       const char *pf, int64_t pf_lines, __m256 acc[RB]) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < ng; g++) {
+    kvl__lanes_prefetch(pf, pf_lines, g, ng);
     __m256i s32[RB];
 #pragma GCC unroll 8
     for (int r = 0; r < RB; r++) s32[r] = _mm256_setzero_si256();
@@ -80,14 +81,15 @@ static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_
 
 /* The four formats' blocks (each its constants) */
 static void run(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,
-                const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v) {
+                const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v, const char *pf,
+                int64_t pf_lines) {
   (void)XS; /* the offsets go through CB: the 16-bit stage leaves no room to fold them */
   __m256 acc[RB];
   switch (type) {
-  case KVL_TYPE_Q4_K: block(A, K, ws, go, ng, Bj, XD, CB, 32, 8, false, acc); break;
-  case KVL_TYPE_Q5_0: block(A, K, ws, go, ng, Bj, XD, CB, 32, 4, false, acc); break;
-  case KVL_TYPE_Q6_K: block(A, K, ws, go, ng, Bj, XD, CB, 16, 2, false, acc); break;
-  default: block(A, K, ws, go, ng, Bj, XD, CB, 32, 1, true, acc); break;
+  case KVL_TYPE_Q4_K: block(A, K, ws, go, ng, Bj, XD, CB, 32, 8, false, pf, pf_lines, acc); break;
+  case KVL_TYPE_Q5_0: block(A, K, ws, go, ng, Bj, XD, CB, 32, 4, false, pf, pf_lines, acc); break;
+  case KVL_TYPE_Q6_K: block(A, K, ws, go, ng, Bj, XD, CB, 16, 2, false, pf, pf_lines, acc); break;
+  default: block(A, K, ws, go, ng, Bj, XD, CB, 32, 1, true, pf, pf_lines, acc); break;
   }
   for (int r = 0; r < RB; r++) _mm256_store_ps(v + r * TG, acc[r]);
 }

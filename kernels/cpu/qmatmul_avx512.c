@@ -39,8 +39,10 @@ enum { TG = 16 }; /* tokens per vector */
 static inline __attribute__((always_inline)) void block_more(const uint8_t *A, int64_t K, const float *ws, const float *go,
                                                             int64_t ng, const int8_t *Bj, const float *XDj,
                                                             const float *CBj, const int32_t *XSj, const int SB,
-                                                            const int RB, const int OFF, __m512 *acc) {
+                                                            const int RB, const int OFF, const char *pf,
+                                                            int64_t pf_lines, __m512 *acc) {
   for (int64_t g = 0; g < ng; g++) {
+    kvl__lanes_prefetch(pf, pf_lines, g, ng);
     const int64_t gi = g * SB / 16; /* the group's slot of XD, CB and XS (16-element slots) */
     const __m512i s0 = OFF ? _mm512_mullo_epi32(_mm512_load_si512((const void *)(XSj + gi * TG)), _mm512_set1_epi32(-OFF))
                            : _mm512_setzero_si512();
@@ -73,9 +75,10 @@ static inline __attribute__((always_inline)) void block_more(const uint8_t *A, i
 static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_t K, const float *ws, const float *go,
                                                        int64_t ng, const int8_t *Bj, const float *XDj,
                                                        const float *CBj, const int32_t *XSj, const int SB,
-                                                       const int RB, const int OFF, __m512 *acc) {
+                                                       const int RB, const int OFF, const char *pf, int64_t pf_lines,
+                                                       __m512 *acc) {
   for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
-  block_more(A, K, ws, go, ng, Bj, XDj, CBj, XSj, SB, RB, OFF, acc);
+  block_more(A, K, ws, go, ng, Bj, XDj, CBj, XSj, SB, RB, OFF, pf, pf_lines, acc);
 }
 
 /* The rows of a block against two groups of 16 tokens at once (the second group's
@@ -88,12 +91,14 @@ static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_
 static inline __attribute__((always_inline)) void block2_more(const uint8_t *A, int64_t K, const float *ws,
                                                              const float *go, int64_t ng, const int8_t *B0,
                                                              const float *XD0, const float *CB0, const int32_t *XS0,
-                                                             const int SB, const int RB, const int OFF, __m512 *acc) {
+                                                             const int SB, const int RB, const int OFF, const char *pf,
+                                                             int64_t pf_lines, __m512 *acc) {
   const int NC = 8 / RB; /* chains per row and group */
   const int8_t *Bh[2] = {B0, B0 + K * TG};
   const float *XDh[2] = {XD0, XD0 + (K / 16) * TG}, *CBh[2] = {CB0, CB0 + (K / 16) * TG};
   const int32_t *XSh[2] = {XS0, XS0 + (K / 16) * TG};
   for (int64_t g = 0; g < ng; g++) {
+    kvl__lanes_prefetch(pf, pf_lines, g, ng);
     const int64_t gi = g * SB / 16;
     __m512i s[16]; /* s[(r * 2 + h) * NC + c] */
 #pragma GCC unroll 2
@@ -143,10 +148,11 @@ static inline __attribute__((always_inline)) void block2_more(const uint8_t *A, 
  * 8 rows cost it 15-20 % at 64 and 256 tokens; with two chains per row, the same as 4) */
 #define RUN(NAME, RB, SB, OFF)                                                                                     \
   static void NAME(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,      \
-                   const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v) {            \
+                   const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v,              \
+                   const char *pf, int64_t pf_lines) {                                                           \
     (void)type;                                                                                                  \
     __m512 acc[RB];                                                                                              \
-    block(A, K, ws, go, ng, Bj, XD, CB, XS, SB, RB, OFF, acc);                                                   \
+    block(A, K, ws, go, ng, Bj, XD, CB, XS, SB, RB, OFF, pf, pf_lines, acc);                                     \
     for (int r = 0; r < RB; r++) _mm512_store_ps(v + r * TG, acc[r]);                                            \
   }
 RUN(run_q4_k, 8, 32, 0)
@@ -157,11 +163,12 @@ RUN(run_q6_k, 4, 16, 32)
 /* The same for two token groups (kvl__lanes_fn; results of the second group at v + RB x TG) */
 #define RUN2(NAME, RB, SB, OFF)                                                                                    \
   static void NAME(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,      \
-                   const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v) {            \
+                   const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v,              \
+                   const char *pf, int64_t pf_lines) {                                                           \
     (void)type;                                                                                                  \
     __m512 acc[2 * RB];                                                                                          \
     for (int r = 0; r < 2 * RB; r++) acc[r] = _mm512_setzero_ps();                                               \
-    block2_more(A, K, ws, go, ng, Bj, XD, CB, XS, SB, RB, OFF, acc);                                             \
+    block2_more(A, K, ws, go, ng, Bj, XD, CB, XS, SB, RB, OFF, pf, pf_lines, acc);                               \
     for (int r = 0; r < 2 * RB; r++) _mm512_store_ps(v + r * TG, acc[r]);                                        \
   }
 RUN2(run2_q4_k, 8, 32, 0)
@@ -179,13 +186,15 @@ RUN2(run2_q6_k, 4, 16, 32)
  * sums, each group's scale times 16 / 16 exactly: bit-identical to run_q4_k. */
 static inline __attribute__((always_inline)) void direct_q4_k_rows(const uint8_t *w, size_t row_bytes, int nr, int64_t K,
                                                                    const int8_t *Bj, const float *XD, const float *CB,
-                                                                   const int RB, float *v) {
+                                                                   const int RB, float *v, const char *pf,
+                                                                   int64_t pf_lines) {
   const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
   const uint8_t *row[8];
   for (int r = 0; r < RB; r++) row[r] = w + (size_t)(r < nr ? r : nr - 1) * row_bytes;
   __m512 acc[8];
   for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < K / 256; b++) {
+    kvl__lanes_prefetch(pf, pf_lines, b, K / 256);
     float ws[8][8], go[8][8];
 #pragma GCC unroll 8
     for (int r = 0; r < RB; r++) kvl__q4_k_group_scales(row[r] + 144 * b, ws[r], go[r]);
@@ -223,9 +232,10 @@ static inline __attribute__((always_inline)) void direct_q4_k_rows(const uint8_t
 }
 
 static void direct_q4_k(uint32_t type, const uint8_t *w, size_t row_bytes, int nr, int64_t K, const int8_t *Bj,
-                        const float *XD, const float *CB, const int32_t *XS, float *v) {
+                        const float *XD, const float *CB, const int32_t *XS, float *v, const char *pf,
+                        int64_t pf_lines) {
   (void)type, (void)XS;
-  direct_q4_k_rows(w, row_bytes, nr, K, Bj, XD, CB, 8, v);
+  direct_q4_k_rows(w, row_bytes, nr, K, Bj, XD, CB, 8, v, pf, pf_lines);
 }
 
 /* Q6_K rows straight from the packed blocks, one group of 16 tokens (kvl__lanes_direct_fn):
@@ -235,7 +245,8 @@ static void direct_q4_k(uint32_t type, const uint8_t *w, size_t row_bytes, int n
  * The driver unpacked whole rows first, 35 KiB for 4 rows of the 1.5B's down projection
  * (K = 8960), more than a Zen 4's L1. */
 static void direct_q6_k(uint32_t type, const uint8_t *w, size_t row_bytes, int nr, int64_t K, const int8_t *Bj,
-                        const float *XD, const float *CB, const int32_t *XS, float *v) {
+                        const float *XD, const float *CB, const int32_t *XS, float *v, const char *pf,
+                        int64_t pf_lines) {
   (void)type;
   enum { RB = 4 };
   uint8_t A[RB * 256] __attribute__((aligned(64)));
@@ -243,6 +254,7 @@ static void direct_q6_k(uint32_t type, const uint8_t *w, size_t row_bytes, int n
   __m512 acc[RB];
   for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
   for (int64_t c = 0; c < K / 256; c++) {
+    kvl__lanes_prefetch(pf, pf_lines, c, K / 256);
     for (int r = 0; r < RB; r++) {
       const uint8_t *b = w + (size_t)(r < nr ? r : nr - 1) * row_bytes + 210 * c;
       __m512i u[2];
@@ -254,7 +266,7 @@ static void direct_q6_k(uint32_t type, const uint8_t *w, size_t row_bytes, int n
       _mm512_storeu_ps(ws + 16 * r, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))),
                                                   _mm512_set1_ps(kvl__h2f(b + 208))));
     }
-    block_more(A, 256, ws, NULL, 16, Bj + 4096 * c, XD + 16 * TG * c, CB + 16 * TG * c, XS + 16 * TG * c, 16, RB, 32, acc);
+    block_more(A, 256, ws, NULL, 16, Bj + 4096 * c, XD + 16 * TG * c, CB + 16 * TG * c, XS + 16 * TG * c, 16, RB, 32, NULL, 0, acc);
   }
   for (int r = 0; r < RB; r++) _mm512_store_ps(v + r * TG, acc[r]);
 }

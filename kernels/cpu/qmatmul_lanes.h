@@ -28,12 +28,24 @@ enum { KVL__LANES_MAX = 128 }; /* RB x TG at most (AVX-512: 8 rows x 16 tokens) 
  * slot and token, the activation scale, scale x code sum, and the code sum itself), results
  * to v[r * TG + t]. */
 typedef void kvl__lanes_fn(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,
-                           const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v);
+                           const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v,
+                           const char *pf, int64_t pf_lines);
+
+/* pf_lines cache lines from pf (NULL: none) on their way to L2, spread over a kernel's ng
+ * scale groups: the lines of group g at its start (kvl__lanes_fn: the next row block's
+ * packed weights, fetched while this one computes) */
+static inline __attribute__((always_inline)) void kvl__lanes_prefetch(const char *pf, int64_t pf_lines, int64_t g,
+                                                                      int64_t ng) {
+  if (!pf) return;
+  const int64_t per = (pf_lines + ng - 1) / ng, end = (g + 1) * per < pf_lines ? (g + 1) * per : pf_lines;
+  for (int64_t i = g * per; i < end; i++) _mm_prefetch(pf + 64 * i, _MM_HINT_T1);
+}
 /* The same for a block of nr <= RB rows read straight from the packed weights (w: the
  * block's first row, rows row_bytes apart), without the unpacked copy: for one token group
  * (decode batches), where the copy is not reused. NULL where a format has none. */
 typedef void kvl__lanes_direct_fn(uint32_t type, const uint8_t *w, size_t row_bytes, int nr, int64_t K,
-                                  const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v);
+                                  const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v,
+                                  const char *pf, int64_t pf_lines);
 /* The results of a full block (RB rows x TG tokens, v as `run` writes it: row r's TG
  * tokens at v + r * TG) plus the rows' bias (b; NULL: none) to y (the block's first token
  * and row; tokens N floats apart), transposed in registers. NULL: a scalar loop. Partial
@@ -130,14 +142,19 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
         }
       }
       have = bi;
-      /* the next row block's weights on their way to L2 while this one runs: with few token
-       * groups the unpacking waited for memory (a 32-token forward of the 0.5B, pp32@d512,
-       * from about 290 to 333 tokens/s on a Zen 4; kernels A/B with streamed weights: +3-20 %
-       * at 16-32 tokens, neutral to +6 % at 64-256) */
+      /* the next row block's weights on their way to L2 while this one runs, a few lines per
+       * scale group of the block's first kernel call: with few token groups the unpacking
+       * waited for memory (a 32-token forward of the 0.5B, pp32@d512, from about 290 to 333
+       * tokens/s on a Zen 4; kernels A/B with streamed weights: +3-20 % at 16-32 tokens,
+       * neutral to +6 % at 64-256). All of a block's lines prefetched at once, before the
+       * kernel, held the core while the fill buffers drained: 27 % of the driver's time at
+       * the 1.5B's pp32@d512 on an Intel Xeon (perf) sat on that loop. */
+      const char *pf = NULL;
+      int64_t pf_lines = 0;
       if (it + 1 < n_tiles * n_blocks) {
         const int64_t nb0 = ((it + 1) % n_blocks) * RB, nn = N - nb0 < RB ? N - nb0 : RB;
-        const char *p0 = (const char *)w + (size_t)nb0 * row_bytes, *p1 = p0 + (size_t)nn * row_bytes;
-        for (const char *p = p0; p < p1; p += 64) _mm_prefetch(p, _MM_HINT_T1);
+        pf = (const char *)w + (size_t)nb0 * row_bytes;
+        pf_lines = ((int64_t)(nn * row_bytes) + 63) / 64;
       }
       const int j_end = (int)((tile + 1) * tpt < ntg ? (tile + 1) * tpt : ntg);
       for (int j = (int)(tile * tpt); j < j_end;) {
@@ -145,8 +162,9 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
         const float *xdv = XD + fsz * j, *cbv = CB + fsz * j;
         const int pair = run2 && !straight && j + 1 < j_end ? 2 : 1;
         float v[2 * KVL__LANES_MAX] __attribute__((aligned(64))); /* RB x TG results per group */
-        if (straight) direct(type, (const uint8_t *)w + (size_t)r0 * row_bytes, row_bytes, nr, K, Bj, xdv, cbv, XS + fsz * j, v);
-        else (pair == 2 ? run2 : run)(type, A, K, ws, go, ng, Bj, xdv, cbv, XS + fsz * j, v);
+        if (straight) direct(type, (const uint8_t *)w + (size_t)r0 * row_bytes, row_bytes, nr, K, Bj, xdv, cbv, XS + fsz * j, v, pf, pf_lines);
+        else (pair == 2 ? run2 : run)(type, A, K, ws, go, ng, Bj, xdv, cbv, XS + fsz * j, v, pf, pf_lines);
+        pf = NULL; /* once per row block */
         for (int h = 0; h < pair; h++, j++) {
           const float *vh = v + h * RB * TG;
           const int t0 = TG * j, tn = T - t0 < TG ? T - t0 : TG;
