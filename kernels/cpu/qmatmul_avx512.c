@@ -25,6 +25,62 @@
 
 enum { TG = 16 }; /* tokens per vector */
 
+/* Q6_K's 16-element scale groups (SB 16) taken two at a time, for H token groups (1 or 2;
+ * the second's activations, scales and sums one group's size after the first's): the pair
+ * shares its activation scale (one 32-block), so per row and token group its two integer
+ * sums, one chain each, are scaled by their weight scales, added, and multiplied by the
+ * activation scale once: acc += (S0 ws0 + S1 ws1) xd, 5 float operations per row and pair
+ * where one group at a time took 8 (a chain merge, conversion, scale product and
+ * multiply-add per group). RB = 4 rows: 8 or 16 integer sums in flight. Offsets as OFF
+ * in block_more (32 x the tokens' code sums, per 16-element group). */
+static inline __attribute__((always_inline)) void block_pairs16(const uint8_t *A, int64_t K, const float *ws,
+                                                               int64_t ng, const int8_t *B0, const float *XD0,
+                                                               const int32_t *XS0, const int RB, const int H,
+                                                               const int OFF, const char *pf, int64_t pf_lines,
+                                                               __m512 *acc) {
+  for (int64_t g = 0; g < ng; g += 2) {
+    kvl__lanes_prefetch(pf, pf_lines, g / 2, ng / 2);
+    __m512i s[16]; /* s[(r * H + h) * 2 + c]: row r, token group h, group g + c */
+#pragma GCC unroll 2
+    for (int h = 0; h < H; h++)
+#pragma GCC unroll 2
+      for (int c = 0; c < 2; c++) {
+        const int32_t *xs = XS0 + h * (K / 16) * TG + (g + c) * TG;
+        const __m512i s0 = _mm512_mullo_epi32(_mm512_load_si512((const void *)xs), _mm512_set1_epi32(-OFF));
+#pragma GCC unroll 4
+        for (int r = 0; r < RB; r++) s[(r * H + h) * 2 + c] = s0;
+      }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+      __m512i x[2][2];
+#pragma GCC unroll 2
+      for (int h = 0; h < H; h++)
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; c++) x[h][c] = _mm512_load_si512((const void *)(B0 + h * K * TG + ((g + c) * 4 + i) * 64));
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; c++) {
+          int32_t wv;
+          memcpy(&wv, A + r * K + (g + c) * 16 + 4 * i, 4);
+          const __m512i wb = _mm512_set1_epi32(wv);
+#pragma GCC unroll 2
+          for (int h = 0; h < H; h++) s[(r * H + h) * 2 + c] = _mm512_dpbusd_epi32(s[(r * H + h) * 2 + c], wb, x[h][c]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < H; h++) {
+      const __m512 xd = _mm512_load_ps(XD0 + h * (K / 16) * TG + g * TG);
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; r++) {
+        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s[(r * H + h) * 2]), _mm512_set1_ps(ws[r * ng + g]));
+        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[(r * H + h) * 2 + 1]), _mm512_set1_ps(ws[r * ng + g + 1]), t);
+        acc[h * RB + r] = _mm512_fmadd_ps(t, xd, acc[h * RB + r]);
+      }
+    }
+  }
+}
+
 /* The rows of a block against one group of 16 tokens: acc[r] lane t (+)= row r . token t
  * (block: from zero; block_more: added to what acc holds). A: the rows' codes, K bytes
  * apart; ng groups. SB: elements per scale group. Each row's integer sum runs as two chains (even and odd
@@ -41,6 +97,10 @@ static inline __attribute__((always_inline)) void block_more(const uint8_t *A, i
                                                             const float *CBj, const int32_t *XSj, const int SB,
                                                             const int RB, const int OFF, const char *pf,
                                                             int64_t pf_lines, __m512 *acc) {
+  if (SB == 16) {
+    block_pairs16(A, K, ws, ng, Bj, XDj, XSj, RB, 1, OFF, pf, pf_lines, acc);
+    return;
+  }
   for (int64_t g = 0; g < ng; g++) {
     kvl__lanes_prefetch(pf, pf_lines, g, ng);
     const int64_t gi = g * SB / 16; /* the group's slot of XD, CB and XS (16-element slots) */
@@ -93,6 +153,10 @@ static inline __attribute__((always_inline)) void block2_more(const uint8_t *A, 
                                                              const float *XD0, const float *CB0, const int32_t *XS0,
                                                              const int SB, const int RB, const int OFF, const char *pf,
                                                              int64_t pf_lines, __m512 *acc) {
+  if (SB == 16) {
+    block_pairs16(A, K, ws, ng, B0, XD0, XS0, RB, 2, OFF, pf, pf_lines, acc);
+    return;
+  }
   const int NC = 8 / RB; /* chains per row and group */
   const int8_t *Bh[2] = {B0, B0 + K * TG};
   const float *XDh[2] = {XD0, XD0 + (K / 16) * TG}, *CBh[2] = {CB0, CB0 + (K / 16) * TG};
@@ -145,7 +209,9 @@ static inline __attribute__((always_inline)) void block2_more(const uint8_t *A, 
 
 /* RB rows per block: 8 for the 32-element groups; Q6_K's 16-element groups fold twice as
  * often, and 4 rows keep its sums and accumulators in registers (test-backend-ops --perf:
- * 8 rows cost it 15-20 % at 64 and 256 tokens; with two chains per row, the same as 4) */
+ * 8 rows cost it 15-20 % at 64 and 256 tokens; with two chains per row, the same as 4;
+ * with block_pairs16's 16 sums per token group, 8 rows ran at 0.65-0.90 of 4 on an Intel
+ * Xeon, qmatmul-ab --shape 1536x8960, 16-512 tokens) */
 #define RUN(NAME, RB, SB, OFF)                                                                                     \
   static void NAME(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,      \
                    const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v,              \
