@@ -66,15 +66,19 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
   const int ntg = (T + TG - 1) / TG;                           /* groups of TG tokens */
   const int64_t n_blocks = (N + RB - 1) / RB, ng = K / SB;       /* RB-row blocks; scale groups per row */
   const size_t bsz = (size_t)K * TG, fsz = (size_t)(K / 16) * TG; /* per token group */
-  /* token tiles (prefill): as many groups as keep their activations within twice the L2
-   * (the rest of a tile comes from L3), in tiles of equal size; the tile-major order
-   * unpacks a row block once per tile (1 tile: decode batches). Unpacking a block again
-   * for each small tile cost more than reading the tile from L3: with a quarter of L2
-   * (256 KiB on a Zen 4) the 1.5B's down projection (K = 8960: 140 KiB per group) had one
-   * group per tile, and twice the L2 made it 14-42 % faster at 64-512 tokens
-   * (bench/kernel-ab/qmatmul-ab --shape 1536x8960), other shapes neutral to +7 %; the
-   * whole batch in one tile lost 40-60 % at 2048 tokens (an 18 MiB tile) */
-  const int64_t budget = 2 * kvl__l2_bytes();
+  /* token tiles (prefill): as many groups as keep their activations within 3/4 of the L2
+   * (room left for the unpacked block and the weights streaming in), in tiles of equal
+   * size; the tile-major order unpacks a row block once per tile (1 tile: decode batches).
+   * Tiles too small unpack too often: with a quarter of L2 (256 KiB on a Zen 4) the 1.5B's
+   * down projection (K = 8960: 140 KiB per group) had one group per tile, and twice the L2
+   * made it 14-42 % faster at 64-512 tokens (bench/kernel-ab/qmatmul-ab --shape 1536x8960)
+   * there, where the rest of a tile came from a fast L3. On an Intel Xeon (2 MiB L2, a
+   * mesh L3) twice the L2 left the down projection reading its activations from L3 for
+   * every row block: 3/4 of the L2 (8 groups per tile at 512 tokens) made Q6_K 1.55-1.74x
+   * and the other formats 1.04-1.23x faster at 512 tokens, 8960x1536 at 512-2048 tokens
+   * 0.93-1.24x (noise; the tiles there hardly change). A Zen 4 has not been re-measured
+   * with it. The whole batch in one tile lost 40-60 % at 2048 tokens (an 18 MiB tile). */
+  const int64_t budget = kvl__l2_bytes() * 3 / 4;
   const int64_t most = budget / (int64_t)bsz > 1 ? budget / (int64_t)bsz : 1, n_tiles = (ntg + most - 1) / most;
   const int64_t tpt = (ntg + n_tiles - 1) / n_tiles; /* tiles of equal size */
   int8_t *B = aligned_alloc(64, bsz * ntg);
