@@ -42,8 +42,9 @@ static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_
                                                        const char *pf, int64_t pf_lines, __m256 acc[RB]) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
+  const int64_t pf_per = kvl__lanes_pf_per(pf_lines, ng);
   for (int64_t g = 0; g < ng; g++) {
-    kvl__lanes_prefetch(pf, pf_lines, g, ng);
+    kvl__lanes_prefetch(pf, pf_lines, g, pf_per);
     __m256i s32[RB];
 #pragma GCC unroll 8
     for (int r = 0; r < RB; r++) s32[r] = _mm256_setzero_si256();

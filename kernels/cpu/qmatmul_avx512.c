@@ -38,8 +38,9 @@ static inline __attribute__((always_inline)) void block_pairs16(const uint8_t *A
                                                                const int32_t *XS0, const int RB, const int H,
                                                                const int OFF, const char *pf, int64_t pf_lines,
                                                                __m512 *acc) {
+  const int64_t pf_per = kvl__lanes_pf_per(pf_lines, ng / 2);
   for (int64_t g = 0; g < ng; g += 2) {
-    kvl__lanes_prefetch(pf, pf_lines, g / 2, ng / 2);
+    kvl__lanes_prefetch(pf, pf_lines, g / 2, pf_per);
     __m512i s[16]; /* s[(r * H + h) * 2 + c]: row r, token group h, group g + c */
 #pragma GCC unroll 2
     for (int h = 0; h < H; h++)
@@ -101,8 +102,9 @@ static inline __attribute__((always_inline)) void block_more(const uint8_t *A, i
     block_pairs16(A, K, ws, ng, Bj, XDj, XSj, RB, 1, OFF, pf, pf_lines, acc);
     return;
   }
+  const int64_t pf_per = kvl__lanes_pf_per(pf_lines, ng);
   for (int64_t g = 0; g < ng; g++) {
-    kvl__lanes_prefetch(pf, pf_lines, g, ng);
+    kvl__lanes_prefetch(pf, pf_lines, g, pf_per);
     const int64_t gi = g * SB / 16; /* the group's slot of XD, CB and XS (16-element slots) */
     const __m512i s0 = OFF ? _mm512_mullo_epi32(_mm512_load_si512((const void *)(XSj + gi * TG)), _mm512_set1_epi32(-OFF))
                            : _mm512_setzero_si512();
@@ -161,8 +163,9 @@ static inline __attribute__((always_inline)) void block2_more(const uint8_t *A, 
   const int8_t *Bh[2] = {B0, B0 + K * TG};
   const float *XDh[2] = {XD0, XD0 + (K / 16) * TG}, *CBh[2] = {CB0, CB0 + (K / 16) * TG};
   const int32_t *XSh[2] = {XS0, XS0 + (K / 16) * TG};
+  const int64_t pf_per = kvl__lanes_pf_per(pf_lines, ng);
   for (int64_t g = 0; g < ng; g++) {
-    kvl__lanes_prefetch(pf, pf_lines, g, ng);
+    kvl__lanes_prefetch(pf, pf_lines, g, pf_per);
     const int64_t gi = g * SB / 16;
     __m512i s[16]; /* s[(r * 2 + h) * NC + c] */
 #pragma GCC unroll 2
@@ -259,8 +262,9 @@ static inline __attribute__((always_inline)) void direct_q4_k_rows(const uint8_t
   for (int r = 0; r < RB; r++) row[r] = w + (size_t)(r < nr ? r : nr - 1) * row_bytes;
   __m512 acc[8];
   for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+  const int64_t pf_per = kvl__lanes_pf_per(pf_lines, K / 256);
   for (int64_t b = 0; b < K / 256; b++) {
-    kvl__lanes_prefetch(pf, pf_lines, b, K / 256);
+    kvl__lanes_prefetch(pf, pf_lines, b, pf_per);
     float ws[8][8], go[8][8];
 #pragma GCC unroll 8
     for (int r = 0; r < RB; r++) kvl__q4_k_group_scales(row[r] + 144 * b, ws[r], go[r]);
@@ -319,8 +323,9 @@ static void direct_q6_k(uint32_t type, const uint8_t *w, size_t row_bytes, int n
   float ws[RB * 16];
   __m512 acc[RB];
   for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+  const int64_t pf_per = kvl__lanes_pf_per(pf_lines, K / 256);
   for (int64_t c = 0; c < K / 256; c++) {
-    kvl__lanes_prefetch(pf, pf_lines, c, K / 256);
+    kvl__lanes_prefetch(pf, pf_lines, c, pf_per);
     for (int r = 0; r < RB; r++) {
       const uint8_t *b = w + (size_t)(r < nr ? r : nr - 1) * row_bytes + 210 * c;
       __m512i u[2];

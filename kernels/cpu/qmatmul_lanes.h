@@ -31,13 +31,15 @@ typedef void kvl__lanes_fn(uint32_t type, const uint8_t *A, int64_t K, const flo
                            const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v,
                            const char *pf, int64_t pf_lines);
 
-/* pf_lines cache lines from pf (NULL: none) on their way to L2, spread over a kernel's ng
- * scale groups: the lines of group g at its start (kvl__lanes_fn: the next row block's
- * packed weights, fetched while this one computes) */
+/* pf_lines cache lines from pf (NULL: none) on their way to L2, spread over a kernel's
+ * steps (its scale groups): per lines at step g (per = kvl__lanes_pf_per(pf_lines, steps),
+ * computed once before the loop: a division per step showed in its profile) —
+ * kvl__lanes_fn: the next row block's packed weights, fetched while this one computes */
+static inline int64_t kvl__lanes_pf_per(int64_t pf_lines, int64_t steps) { return (pf_lines + steps - 1) / steps; }
 static inline __attribute__((always_inline)) void kvl__lanes_prefetch(const char *pf, int64_t pf_lines, int64_t g,
-                                                                      int64_t ng) {
+                                                                      int64_t per) {
   if (!pf) return;
-  const int64_t per = (pf_lines + ng - 1) / ng, end = (g + 1) * per < pf_lines ? (g + 1) * per : pf_lines;
+  const int64_t end = (g + 1) * per < pf_lines ? (g + 1) * per : pf_lines;
   for (int64_t i = g * per; i < end; i++) _mm_prefetch(pf + 64 * i, _MM_HINT_T1);
 }
 /* The same for a block of nr <= RB rows read straight from the packed weights (w: the
