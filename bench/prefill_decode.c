@@ -149,6 +149,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
   char err[512];
   kvl_model_t *m = NULL;
   void *pool = NULL;
+  size_t pool_mapped = 0;
   int32_t *table = NULL, *ids = NULL, *pos = NULL, *seq = NULL;
   int8_t *want = NULL;
   float *logits = NULL;
@@ -183,7 +184,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
   }
   struct kvl_kv_layout kl = kvl_model_kv_layout(m, o->kv);
   int nb = (n_ctx + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK;
-  pool = calloc((size_t)nb, kvl_kv_block_bytes(&kl));
+  pool = kvl_huge_alloc((size_t)nb * kvl_kv_block_bytes(&kl), &pool_mapped); /* as the daemon's pools */
   table = malloc((size_t)nb * sizeof(*table));
   ids = malloc((size_t)n_ctx * sizeof(*ids));
   pos = malloc((size_t)n_batch * sizeof(*pos));
@@ -310,7 +311,7 @@ out:
   free(pos);
   free(ids);
   free(table);
-  free(pool);
+  kvl_huge_free(pool, pool_mapped);
   kvl_model_free(m);
   return ret;
 }

@@ -151,7 +151,9 @@ int main(int argc, char **argv) {
       int n = spans[si];
       if (n > max_n) break;
       int32_t nb = (n + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK;
-      void *ps = malloc((size_t)nb * kvl_kv_block_bytes(&ls)), *pd = calloc((size_t)nb, kvl_kv_block_bytes(&ld));
+      size_t ps_mapped = 0, pd_mapped = 0; /* as the daemon's pools */
+      void *ps = kvl_huge_alloc((size_t)nb * kvl_kv_block_bytes(&ls), &ps_mapped),
+           *pd = kvl_huge_alloc((size_t)nb * kvl_kv_block_bytes(&ld), &pd_mapped);
       int32_t *table = malloc((size_t)nb * sizeof(int32_t)), *pos = malloc((size_t)n * sizeof(int32_t));
       /* a plausible source cache: small bf16 values (0x3c00..0x3cff ≈ 0.008..0.016) */
       uint16_t *h = ps;
@@ -219,8 +221,8 @@ int main(int argc, char **argv) {
       }
       kvl_translator_use_bf16(t, false, NULL, 0);
       free(ref);
-      free(ps);
-      free(pd);
+      kvl_huge_free(ps, ps_mapped);
+      kvl_huge_free(pd, pd_mapped);
       free(table);
       free(pos);
     }

@@ -16,6 +16,7 @@
 
 #include "kvl_error.h"
 #include "kvl_gguf.h"
+#include "kvl_kernels.h"
 #include "kvl_quant.h"
 
 #define GGUF_MAGIC "GGUF"
@@ -347,23 +348,15 @@ int kvl_gguf_open_mem(const void *buf, size_t len, kvl_gguf_t **out, char *err, 
  * (transparent huge pages in "madvise" or "always" mode; with "never" these are plain
  * pages). NULL with errno set on failure. */
 static void *read_hugepages(int fd, size_t size, size_t *map_size) {
-  const size_t huge = (size_t)2 << 20;
-  size_t sz = (size + huge - 1) & ~(huge - 1);
-  /* over-allocate by one huge page so the start can be aligned to one */
-  uint8_t *raw = mmap(NULL, sz + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) return NULL;
-  uint8_t *m = (uint8_t *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
-  if (m > raw) munmap(raw, (size_t)(m - raw));
-  if (m + sz < raw + sz + huge) munmap(m + sz, (size_t)(raw + sz + huge - (m + sz)));
-#ifdef MADV_HUGEPAGE
-  madvise(m, sz, MADV_HUGEPAGE); /* advice: refused where THP is off, which is fine */
-#endif
+  size_t sz;
+  uint8_t *m = kvl_huge_alloc(size, &sz);
+  if (!m) return NULL;
   for (size_t off = 0; off < size;) {
     ssize_t r = pread(fd, m + off, size - off, (off_t)off);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
       int e = r < 0 ? errno : EIO;
-      munmap(m, sz);
+      kvl_huge_free(m, sz);
       errno = e;
       return NULL;
     }

@@ -1,7 +1,9 @@
 /* kv.c — the paged KV cache's geometry (where a block keeps a layer's K and V), the
  * store/load of rows, and the RoPE table generator shared by every RoPE user. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kvl_error.h"
 #include "kvl_kernels.h"
@@ -17,6 +19,26 @@ static size_t slab_bytes(const struct kvl_kv_layout *l) { /* one K (or V) of one
 }
 
 size_t kvl_kv_block_bytes(const struct kvl_kv_layout *l) { return 2 * (size_t)l->n_layer * slab_bytes(l); }
+
+void *kvl_huge_alloc(size_t bytes, size_t *mapped) {
+  const size_t huge = (size_t)2 << 20;
+  const size_t sz = (bytes + huge - 1) & ~(huge - 1);
+  /* over-allocate by one huge page so the start can be aligned to one */
+  uint8_t *raw = mmap(NULL, sz + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return NULL;
+  uint8_t *m = (uint8_t *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
+  if (m > raw) munmap(raw, (size_t)(m - raw));
+  if (m + sz < raw + sz + huge) munmap(m + sz, (size_t)(raw + sz + huge - (m + sz)));
+#ifdef MADV_HUGEPAGE
+  madvise(m, sz, MADV_HUGEPAGE); /* advice: refused where THP is off, which is fine */
+#endif
+  *mapped = sz;
+  return m;
+}
+
+void kvl_huge_free(void *p, size_t mapped) {
+  if (p) munmap(p, mapped);
+}
 
 void *kvl_kv_k_ptr(const struct kvl_kv_layout *l, void *base, int32_t block, int layer) {
   return (uint8_t *)base + (size_t)block * kvl_kv_block_bytes(l) + (size_t)(2 * layer) * slab_bytes(l);

@@ -73,6 +73,7 @@ struct kvl_pool {
   struct kvl_kv_layout layout;
   size_t bb;                      /* bytes per block */
   uint8_t *hot_mem, *cold_mem;
+  size_t hot_mapped;              /* hot_mem's size for kvl_huge_free */
   int32_t n_hot, n_cold;
   int32_t *hot_owner, *cold_owner; /* slot -> handle or NONE */
   int32_t *hot_free, *cold_free;   /* stacks of free slots */

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -305,7 +306,10 @@ int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out) {
   if (nh < 1 || nh > INT32_MAX / 2 || nc > INT32_MAX / 2) { free(p); return KVL_EINVAL; }
   p->n_hot = (int32_t)nh;
   p->n_cold = (int32_t)nc;
-  p->hot_mem = calloc(nh, p->bb);
+  /* in 2 MiB pages where the kernel gives them: attention at depth and translation read
+   * a layer's rows from blocks all over the arena, and with 4 KiB pages every block's
+   * slab was its own TLB entry (and its own fault, zeroing, on first use) */
+  p->hot_mem = nh <= SIZE_MAX / p->bb ? kvl_huge_alloc(nh * p->bb, &p->hot_mapped) : NULL;
   p->cold_mem = nc ? malloc(nc * p->bb) : NULL;
   p->hot_owner = malloc(nh * sizeof(int32_t));
   p->hot_free = malloc(nh * sizeof(int32_t));
@@ -352,7 +356,7 @@ void kvl_pool_free(kvl_pool_t *p) {
   if (!p) return;
   KVL_ASSERT(p->n_lines == 0);
   kvl__io_stop(&p->io); /* its reads land in hot slots: stop it before the arena goes */
-  free(p->hot_mem);
+  kvl_huge_free(p->hot_mem, p->hot_mapped);
   free(p->cold_mem);
   free(p->hot_owner);
   free(p->hot_free);

@@ -63,6 +63,13 @@ struct kvl_kv_layout {
 /* Bytes of one block (all layers, K and V, KVL_KV_BLOCK tokens). */
 size_t kvl_kv_block_bytes(const struct kvl_kv_layout *l);
 
+/* Large zeroed memory (a KV pool's arena, a model's weights) in private anonymous pages
+ * aligned to 2 MiB and advised as huge pages (MADV_HUGEPAGE: used where transparent huge
+ * pages are in "madvise" or "always" mode, plain 4 KiB pages otherwise). *mapped gets the
+ * size to give kvl_huge_free (bytes rounded up to 2 MiB). NULL with errno on failure. */
+void *kvl_huge_alloc(size_t bytes, size_t *mapped);
+void kvl_huge_free(void *p, size_t mapped);
+
 /* RoPE, neox layout (pairs i and i + d/2), as Qwen2 uses it. inv_freq[i] =
  * theta^(-2i/d) for i < d/2, computed once; angles are pos * inv_freq[i]. */
 struct kvl_rope {
