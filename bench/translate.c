@@ -155,6 +155,10 @@ int main(int argc, char **argv) {
       void *ps = kvl_huge_alloc((size_t)nb * kvl_kv_block_bytes(&ls), &ps_mapped),
            *pd = kvl_huge_alloc((size_t)nb * kvl_kv_block_bytes(&ld), &pd_mapped);
       int32_t *table = malloc((size_t)nb * sizeof(int32_t)), *pos = malloc((size_t)n * sizeof(int32_t));
+      if (!ps || !pd || !table || !pos) {
+        fprintf(stderr, "bench-translate: out of memory for %d positions\n", n);
+        return 1;
+      }
       /* a plausible source cache: small bf16 values (0x3c00..0x3cff ≈ 0.008..0.016) */
       uint16_t *h = ps;
       for (size_t i = 0; i < (size_t)nb * kvl_kv_block_bytes(&ls) / 2; i++) h[i] = (uint16_t)(0x3c00 | (i * 37 & 0xff));

@@ -22,7 +22,7 @@ size_t kvl_kv_block_bytes(const struct kvl_kv_layout *l) { return 2 * (size_t)l-
 
 void *kvl_huge_alloc(size_t bytes, size_t *mapped) {
   const size_t huge = (size_t)2 << 20;
-  const size_t sz = (bytes + huge - 1) & ~(huge - 1);
+  const size_t sz = bytes ? (bytes + huge - 1) & ~(huge - 1) : huge; /* 0 bytes: one page, a valid pointer */
   /* over-allocate by one huge page so the start can be aligned to one */
   uint8_t *raw = mmap(NULL, sz + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return NULL;

@@ -84,7 +84,7 @@ static inline __attribute__((always_inline)) void block_pairs16(const uint8_t *A
 
 /* The rows of a block against one group of 16 tokens: acc[r] lane t (+)= row r . token t
  * (block: from zero; block_more: added to what acc holds). A: the rows' codes, K bytes
- * apart; ng groups. SB: elements per scale group. Each row's integer sum runs as two chains (even and odd
+ * apart; ng groups. SB: elements per scale group (16: Q6_K, taken by block_pairs16). Each row's integer sum runs as two chains (even and odd
  * steps of 4 elements, added at the group's end): vpdpbusd's latency is several cycles,
  * and with one chain per row it waited (8 chains to 16 took the 32-element formats from
  * about 400 to 460 GOP/s on a Zen 4: bench/kernel-ab/qmatmul-ab; the sums are integers,
@@ -147,7 +147,8 @@ static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_
  * activations, scales and sums one group's size after the first's, as the driver lays them
  * out): each broadcast of a row's 4 codes feeds two vpdpbusd, one per group, which halves
  * the broadcast loads per product and, with 16 integer sums in flight (NC chains per row
- * and group: 1 for 8 rows, 2 for 4), drops the chain merge of block_more for 8 rows.
+ * and group: 1 for 8 rows, 2 for 4; every 32-element format runs 8), drops the chain
+ * merge of block_more. SB 16 (Q6_K): block_pairs16.
  * acc[h * RB + r]: row r, group h. The same integer sums and the same floating-point
  * steps per row and token as block_more: bit-identical. */
 static inline __attribute__((always_inline)) void block2_more(const uint8_t *A, int64_t K, const float *ws,
