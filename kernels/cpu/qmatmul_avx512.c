@@ -146,11 +146,10 @@ static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_
 /* The rows of a block against two groups of 16 tokens at once (the second group's
  * activations, scales and sums one group's size after the first's, as the driver lays them
  * out): each broadcast of a row's 4 codes feeds two vpdpbusd, one per group, which halves
- * the broadcast loads per product and, with 16 integer sums in flight (NC chains per row
- * and group: 1 for 8 rows, 2 for 4; every 32-element format runs 8), drops the chain
- * merge of block_more. SB 16 (Q6_K): block_pairs16.
- * acc[h * RB + r]: row r, group h. The same integer sums and the same floating-point
- * steps per row and token as block_more: bit-identical. */
+ * the broadcast loads per product; 8 rows x 2 groups are 16 integer sums in flight, one
+ * chain each, so block_more's chain merge goes. acc[h * RB + r]: row r, group h. The
+ * same integer sums and the same floating-point steps per row and token as block_more:
+ * bit-identical. SB 16 (Q6_K, 4 rows): block_pairs16. */
 static inline __attribute__((always_inline)) void block2_more(const uint8_t *A, int64_t K, const float *ws,
                                                              const float *go, int64_t ng, const int8_t *B0,
                                                              const float *XD0, const float *CB0, const int32_t *XS0,
@@ -160,7 +159,6 @@ static inline __attribute__((always_inline)) void block2_more(const uint8_t *A, 
     block_pairs16(A, K, ws, ng, B0, XD0, XS0, RB, 2, OFF, pf, pf_lines, acc);
     return;
   }
-  const int NC = 8 / RB; /* chains per row and group */
   const int8_t *Bh[2] = {B0, B0 + K * TG};
   const float *XDh[2] = {XD0, XD0 + (K / 16) * TG}, *CBh[2] = {CB0, CB0 + (K / 16) * TG};
   const int32_t *XSh[2] = {XS0, XS0 + (K / 16) * TG};
@@ -168,43 +166,34 @@ static inline __attribute__((always_inline)) void block2_more(const uint8_t *A, 
   for (int64_t g = 0; g < ng; g++) {
     kvl__lanes_prefetch(pf, pf_lines, g, pf_per);
     const int64_t gi = g * SB / 16;
-    __m512i s[16]; /* s[(r * 2 + h) * NC + c] */
+    __m512i s[2][8]; /* [group][row]; RB <= 8 */
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
       const __m512i s0 = OFF ? _mm512_mullo_epi32(_mm512_load_si512((const void *)(XSh[h] + gi * TG)), _mm512_set1_epi32(-OFF))
                              : _mm512_setzero_si512();
 #pragma GCC unroll 8
-      for (int r = 0; r < RB; r++)
-#pragma GCC unroll 2
-        for (int c = 0; c < NC; c++) s[(r * 2 + h) * NC + c] = c ? _mm512_setzero_si512() : s0;
+      for (int r = 0; r < RB; r++) s[h][r] = s0;
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < SB / 4; i += NC) {
-      __m512i x[2][2];
-#pragma GCC unroll 2
-      for (int c = 0; c < NC; c++)
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) x[h][c] = _mm512_load_si512((const void *)(Bh[h] + (g * SB / 4 + i + c) * 64));
+    for (int i = 0; i < SB / 4; i++) {
+      const __m512i x0 = _mm512_load_si512((const void *)(Bh[0] + (g * SB / 4 + i) * 64));
+      const __m512i x1 = _mm512_load_si512((const void *)(Bh[1] + (g * SB / 4 + i) * 64));
 #pragma GCC unroll 8
-      for (int r = 0; r < RB; r++)
-#pragma GCC unroll 2
-        for (int c = 0; c < NC; c++) {
-          int32_t wv;
-          memcpy(&wv, A + r * K + g * SB + 4 * (i + c), 4);
-          const __m512i wb = _mm512_set1_epi32(wv);
-          s[(r * 2) * NC + c] = _mm512_dpbusd_epi32(s[(r * 2) * NC + c], wb, x[0][c]);
-          s[(r * 2 + 1) * NC + c] = _mm512_dpbusd_epi32(s[(r * 2 + 1) * NC + c], wb, x[1][c]);
-        }
+      for (int r = 0; r < RB; r++) {
+        int32_t wv;
+        memcpy(&wv, A + r * K + g * SB + 4 * i, 4);
+        const __m512i wb = _mm512_set1_epi32(wv);
+        s[0][r] = _mm512_dpbusd_epi32(s[0][r], wb, x0);
+        s[1][r] = _mm512_dpbusd_epi32(s[1][r], wb, x1);
+      }
     }
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
       const __m512 xd = _mm512_load_ps(XDh[h] + gi * TG), cb = _mm512_load_ps(CBh[h] + gi * TG);
 #pragma GCC unroll 8
       for (int r = 0; r < RB; r++) {
-        __m512i si = s[(r * 2 + h) * NC];
-        if (NC == 2) si = _mm512_add_epi32(si, s[(r * 2 + h) * NC + 1]);
         __m512 *a = acc + h * RB + r;
-        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(_mm512_set1_ps(ws[r * ng + g]), xd), *a);
+        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[h][r]), _mm512_mul_ps(_mm512_set1_ps(ws[r * ng + g]), xd), *a);
         if (!OFF) *a = _mm512_fnmadd_ps(_mm512_set1_ps(go[r * ng + g]), cb, *a);
       }
     }
