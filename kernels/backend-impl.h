@@ -83,6 +83,13 @@ int kvl__qdot_vec_avx512vnni(uint32_t type, const void *w, int64_t K, const int8
 void kvl__q8_act_avx2(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
 int kvl__qdot_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd, const int32_t *xs,
                    int n_tokens, float *out);
+/* One token and 1..6 tokens (the qdot1 and qdot1n contracts below): Q4_K on the factors
+ * xf, reading xq in natural order (xp unused: the level has no q8_order); the other
+ * formats as kvl__qdot_avx2 (whose tokens' results do not depend on each other). */
+int kvl__qdot1_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp, const float *xd,
+                    const int32_t *xs, const float *xf, float *out);
+int kvl__qdot1n_avx2(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
+                     const float *xd, const int32_t *xs, const float *xf, float *out);
 /* The same products on AMX int8 tiles (cpu/qdot_amx.c), a whole matmul at once:
  * y[t*N + r] = row r · token t (+ bias[r]) for N rows of row_bytes and any number of
  * tokens quantised as above; whether the processor and the kernel allow the tiles
@@ -136,6 +143,9 @@ struct kvl_backend {
               int n_tokens, float *out);
   int (*qdot1)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp, const float *xd,
                const int32_t *xs, const float *xf, float *out);
+  /* the order qdot1 and qdot1n read a token's codes in, xp (kvl__q8_order); NULL: natural
+   * order, xp = xq */
+  bool (*q8_order)(uint32_t type, const int8_t *xq, int64_t K, int8_t *xp);
   int (*qdot_vec)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *sx, const float *cx,
                   int n_tokens, float *out);
   int (*qdot1n)(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,

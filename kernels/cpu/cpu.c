@@ -74,6 +74,15 @@ static void q8_acts(const kvl_backend_t *be, const float *x, int64_t K, int n_to
     be->q8_act(x + (int64_t)t * K, K, *xq + (int64_t)t * K, *xd + (int64_t)t * (K / 32), *xs + (int64_t)t * (K / 16));
 }
 
+void kvl__q4_k_act_factors(const float *xd, const int32_t *xs, int64_t K, float *xf) {
+  for (int64_t b = 0; b < K / 256; b++)
+    for (int i = 0; i < 8; i++) {
+      const float d = xd[8 * b + i];
+      xf[16 * b + i] = d;
+      xf[16 * b + 8 + i] = d * (float)(xs[16 * b + 2 * i] + xs[16 * b + 2 * i + 1]);
+    }
+}
+
 static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
   const int64_t K = w->cols, N = w->rows;
   const size_t rb = kvl_row_size(w->type, (uint64_t)K);
@@ -89,12 +98,15 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
    * qdot1n runs the same kernel for all the tokens at once (where it has the format), each block
    * unpacked once (bit-identical per token); on a Zen 4, 2 / 4 streams 58-64 / 99-114 ms ->
    * 47 / 77-82 (in turn); at 8 tokens it lost to the lanes kernel (176 against 162 ms). */
-  int8_t *xp = NULL;
+  int8_t *xp = NULL, *xp_own = NULL;
   float *xf = NULL; /* Q4_K: the per-token scale factors (kvl__q4_k_act_factors) */
   if (n_tokens <= KVL__QDOT1_MAX_T && be->qdot1) {
-    xp = malloc((size_t)n_tokens * (size_t)K);
-    KVL_ASSERT(xp);
-    for (int t = 0; t < n_tokens; t++) kvl__q8_order(w->type, xq + (int64_t)t * K, K, xp + (int64_t)t * K);
+    xp = xq; /* natural order unless the level reads another */
+    if (be->q8_order) {
+      xp = xp_own = malloc((size_t)n_tokens * (size_t)K);
+      KVL_ASSERT(xp);
+      for (int t = 0; t < n_tokens; t++) be->q8_order(w->type, xq + (int64_t)t * K, K, xp + (int64_t)t * K);
+    }
     if (w->type == KVL_TYPE_Q4_K) {
       xf = malloc((size_t)n_tokens * (size_t)(K / 16) * sizeof(float));
       KVL_ASSERT(xf);
@@ -129,7 +141,7 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
     else be->qdot(w->type, row, K, xq, xd, xs, n_tokens, v);
     for (int t = 0; t < n_tokens; t++) y[(int64_t)t * N + r] = v[t] + (w->bias ? w->bias[r] : 0.0f);
   }
-  free(xp);
+  free(xp_own);
   free(xf);
   free(sx);
   free(cx);
@@ -514,14 +526,15 @@ static kvl_backend_t be_scalar = {.name = "cpu-scalar", .ops = &cpu_ops, .simd =
 static kvl_backend_t be_avx2 = {.name = "cpu-avx2", .ops = &cpu_ops, .simd = &kvl__simd_avx2};
 /* AVX2 with the int8-activation decode kernels (vpmaddubsw) for 1..16 tokens; fp32 above */
 static kvl_backend_t be_avx2int8 = {.name = "cpu-avx2-int8", .ops = &cpu_ops, .simd = &kvl__simd_avx2,
-                                    .qdot = kvl__qdot_avx2, .q8_act = kvl__q8_act_avx2};
+                                    .qdot = kvl__qdot_avx2, .qdot1 = kvl__qdot1_avx2, .qdot1n = kvl__qdot1n_avx2,
+                                    .q8_act = kvl__q8_act_avx2};
 /* The same, with batches of 6 or more tokens on the tokens-in-lanes kernel (a vector holds
  * 8 tokens; below 6 the per-token kernels cost less: test-backend-ops --perf); its exact
  * twin (prefill chunks; the attention sink's rows go to fp32) takes that kernel for every
  * size, so a prompt's cache does not depend on its chunking. The AVX2 default. */
 static kvl_backend_t be_avx2int8mm = {.name = "cpu-avx2-int8-mm", .ops = &cpu_ops, .simd = &kvl__simd_avx2,
-                                      .qdot = kvl__qdot_avx2, .q8_act = kvl__q8_act_avx2,
-                                      .qmatmul = kvl__qmatmul_avx2, .qmatmul_min_t = 6};
+                                      .qdot = kvl__qdot_avx2, .qdot1 = kvl__qdot1_avx2, .qdot1n = kvl__qdot1n_avx2,
+                                      .q8_act = kvl__q8_act_avx2, .qmatmul = kvl__qmatmul_avx2, .qmatmul_min_t = 6};
 static kvl_backend_t be_avx2int8mm_exact = {.name = "cpu-avx2-int8-mm-prefill", .ops = &cpu_ops,
                                             .simd = &kvl__simd_avx2, .q8_act = kvl__q8_act_avx2,
                                             .qmatmul = kvl__qmatmul_avx2, .qmatmul_min_t = 1};
@@ -533,7 +546,7 @@ static kvl_backend_t be_avx512_sink = {.name = "cpu-avx512-fp32", .ops = &cpu_op
 static kvl_backend_t be_avx2_sink = {.name = "cpu-avx2-fp32", .ops = &cpu_ops, .simd = &kvl__simd_avx2,
                                      .row_dots = true};
 #define VNNI_DECODE                                                                                            \
-  .q8_act = kvl__q8_act, .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni,                          \
+  .q8_act = kvl__q8_act, .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni, .q8_order = kvl__q8_order, \
   .qdot1n = kvl__qdot1n_avx512vnni, .qdot_vec = kvl__qdot_vec_avx512vnni
 static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE};
 /* The same, with batches of 7 or more tokens on the tokens-in-lanes kernel (16 per vector,

@@ -70,6 +70,8 @@ static inline __m256i dot32(__m256i u, const int8_t *x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)x)), _mm256_set1_epi16(1));
 }
 
+#define QDOT1N_MAX 6 /* kvl__qdot1n_avx2's most tokens (KVL__QDOT1_MAX_T) */
+
 struct acts { const int8_t *q; const float *d; const int32_t *s; int64_t K; };
 
 #define QA(a, t) ((a)->q + (int64_t)(t) * (a)->K)
@@ -238,6 +240,108 @@ static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *w, int
   for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
 }
 
+/* Q4_K, one token (kvl__qdot1_avx2) or a few at once (kvl__qdot1n_avx2, each block
+ * unpacked once; every token's operations those it has alone: bit-identical): each 32-element unit's int32 lanes converted and
+ * multiplied by its scale d x sc x xd, broadcast from memory, into two accumulators; the
+ * minimums' correction one FMA per block against the token's factors xf (kvl__q4_k_act_factors:
+ * per block the eight xd, then the eight xd x code sums). dot_q4_k reduced each unit to a
+ * scalar first (hadds and cross-lane permutes, slow on AMD's 256-bit units): on a Zen 2
+ * (2 MiB of weights in L2, one thread) 50-52 -> 34-35 cycles per block (a throwaway
+ * micro-benchmark; bench/README.md). The same integer sums, scaled in another order:
+ * results agree with dot_q4_k to float rounding. Two accumulators: four were slower. */
+static inline __attribute__((always_inline)) void dotn_q4_k(const uint8_t *w, int64_t nb, int64_t K, const int8_t *xq,
+                                                            const float *xf, float *out, const int T) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  __m256 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX];
+  for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b++, w += 144) {
+    const __m128i sm = kvl__q4_k_scale_bytes(w + 4);
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(*(const int32_t *)(const void *)w)); /* d, dmin */
+    const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)), _mm256_broadcastss_ps(dd));
+    const __m256 mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))),
+                                    _mm256_broadcastss_ps(_mm_movehdup_ps(dd)));
+    __m256i u[8]; /* unit 2j: the low nibbles of codes 32j.., 2j+1 the high */
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+      const __m256i q = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * j));
+      u[2 * j] = _mm256_and_si256(q, lo4), u[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
+    }
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) {
+      const float *f = xf + t * (K / 16) + 16 * b;
+      const int8_t *x = xq + t * K + 256 * b;
+      float s[8] __attribute__((aligned(32)));
+      _mm256_store_ps(s, _mm256_mul_ps(sc, _mm256_loadu_ps(f)));
+      corr[t] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(f + 8), corr[t]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; j++) {
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u[2 * j], _mm256_loadu_si256((const __m256i *)(x + 64 * j))), ones);
+        const __m256i p1 =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u[2 * j + 1], _mm256_loadu_si256((const __m256i *)(x + 64 * j + 32))), ones);
+        acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcast_ss(s + 2 * j), acc0[t]);
+        acc1[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(s + 2 * j + 1), acc1[t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; t++) out[t] = hsum8(_mm256_sub_ps(_mm256_add_ps(acc0[t], acc1[t]), corr[t]));
+}
+
+/* Q6_K, one token or a few (kvl__qdot1_avx2, kvl__qdot1n_avx2): unit i (32 elements) is
+ * two 16-element groups, its int32 lanes 0-3 and 4-7 after vpmaddwd, so the groups' int8
+ * scales go into that vpmaddwd as int16 words ([sc 2i] x 8, [sc 2i+1] x 8: one in-lane
+ * shuffle of the block's scales per unit) and the unit's float scale d x xd is one
+ * broadcast from memory; the offset 32 comes off as 32 x sum sc x (code sum of 16) per
+ * unit in integers (vpmaddwd of the scales and the token's sums). dot_q6_k built each
+ * unit's scale words from scalars and reduced units with hadds. The same integer sums
+ * scaled in another order: results agree with dot_q6_k to float rounding. */
+static inline __attribute__((always_inline)) void dotn_q6_k(const uint8_t *w, int64_t nb, int64_t K, const int8_t *xq,
+                                                            const float *xd, const int32_t *xs, float *out, const int T) {
+  /* per unit i & 3: its scale words from the block's 8 scales (in both 128-bit lanes) */
+  static const int8_t sel[4][32] __attribute__((aligned(32))) = {
+      {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+      {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+      {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
+      {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15}};
+  __m256 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX];
+  for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b++, w += 210) {
+    const __m256 d = _mm256_set1_ps(kvl__h2f(w + 208));
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + 192));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8); /* the 16 scales as words, in order */
+    /* scales 0-7 (units 0-3) and 8-15 (units 4-7) as words, in both lanes */
+    const __m256i g0 = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16));
+    const __m256i g1 = _mm256_broadcastsi128_si256(_mm256_extracti128_si256(sc16, 1));
+    __m256i u[8]; /* unit 4n + k: elements 128n + 32k .. +31 */
+    kvl__q6_k_half32(w, 0, u);
+    kvl__q6_k_half32(w, 1, u + 4);
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) {
+      const int8_t *x = xq + t * K + 256 * b;
+      const __m256 xdv = _mm256_loadu_ps(xd + t * (K / 32) + 8 * b);
+      float s[8] __attribute__((aligned(32)));
+      _mm256_store_ps(s, _mm256_mul_ps(d, xdv));
+      /* the offset: per unit sum over its two groups of sc x code sum, scaled as the unit */
+      const int32_t *s16 = xs + t * (K / 16) + 16 * b;
+      const __m256i xs16 = _mm256_permute4x64_epi64(
+          _mm256_packs_epi32(_mm256_loadu_si256((const __m256i *)s16), _mm256_loadu_si256((const __m256i *)(s16 + 8))),
+          0xD8);
+      corr[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sc16, xs16)), _mm256_loadu_ps(s), corr[t]);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; i += 2) {
+        const __m256i gs0 = _mm256_shuffle_epi8(i < 4 ? g0 : g1, _mm256_load_si256((const __m256i *)sel[i & 3]));
+        const __m256i gs1 = _mm256_shuffle_epi8(i < 4 ? g0 : g1, _mm256_load_si256((const __m256i *)sel[(i + 1) & 3]));
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], _mm256_loadu_si256((const __m256i *)(x + 32 * i))), gs0);
+        const __m256i p1 =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u[i + 1], _mm256_loadu_si256((const __m256i *)(x + 32 * i + 32))), gs1);
+        acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcast_ss(s + i), acc0[t]);
+        acc1[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(s + i + 1), acc1[t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; t++)
+    out[t] = hsum8(_mm256_fnmadd_ps(corr[t], _mm256_set1_ps(32.0f), _mm256_add_ps(acc0[t], acc1[t])));
+}
+
 /* One instance per token count, so each kernel's token loop is unrolled. */
 #define KVL__DISPATCH_T(fn, w, nb, a, out, T)                                                                      \
   switch (T) {                                                                                                      \
@@ -266,4 +370,48 @@ int kvl__qdot_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, co
     return 0;
   default: return KVL_ENOTSUP;
   }
+}
+
+int kvl__qdot1_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp, const float *xd,
+                    const int32_t *xs, const float *xf, float *out) {
+  (void)xp; /* the kernels read the codes in their natural order (no kvl__q8_order) */
+  if (type == KVL_TYPE_Q4_K && xf && K % 256 == 0) {
+    dotn_q4_k(w, K / 256, K, xq, xf, out, 1);
+    return 0;
+  }
+  if (type == KVL_TYPE_Q6_K && K % 256 == 0) {
+    dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 1);
+    return 0;
+  }
+  return kvl__qdot_avx2(type, w, K, xq, xd, xs, 1, out);
+}
+
+int kvl__qdot1n_avx2(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
+                     const float *xd, const int32_t *xs, const float *xf, float *out) {
+  (void)xp;
+  if (n_tokens < 1 || n_tokens > QDOT1N_MAX) return KVL_ENOTSUP;
+  if (type == KVL_TYPE_Q4_K && xf && K % 256 == 0) {
+    switch (n_tokens) {
+    case 1: dotn_q4_k(w, K / 256, K, xq, xf, out, 1); break;
+    case 2: dotn_q4_k(w, K / 256, K, xq, xf, out, 2); break;
+    case 3: dotn_q4_k(w, K / 256, K, xq, xf, out, 3); break;
+    case 4: dotn_q4_k(w, K / 256, K, xq, xf, out, 4); break;
+    case 5: dotn_q4_k(w, K / 256, K, xq, xf, out, 5); break;
+    default: dotn_q4_k(w, K / 256, K, xq, xf, out, 6); break;
+    }
+    return 0;
+  }
+  if (type == KVL_TYPE_Q6_K && K % 256 == 0) {
+    switch (n_tokens) {
+    case 1: dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 1); break;
+    case 2: dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 2); break;
+    case 3: dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 3); break;
+    case 4: dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 4); break;
+    case 5: dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 5); break;
+    default: dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 6); break;
+    }
+    return 0;
+  }
+  /* the other formats' kernels give each token the bits it has alone */
+  return kvl__qdot_avx2(type, w, K, xq, xd, xs, n_tokens, out);
 }

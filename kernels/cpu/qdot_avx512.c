@@ -556,15 +556,6 @@ int kvl__qdot1n_avx512vnni(uint32_t type, const void *w, int64_t K, int n_tokens
   return KVL_ENOTSUP;
 }
 
-void kvl__q4_k_act_factors(const float *xd, const int32_t *xs, int64_t K, float *xf) {
-  for (int64_t b = 0; b < K / 256; b++)
-    for (int i = 0; i < 8; i++) {
-      const float d = xd[8 * b + i];
-      xf[16 * b + i] = d;
-      xf[16 * b + 8 + i] = d * (float)(xs[16 * b + 2 * i] + xs[16 * b + 2 * i + 1]);
-    }
-}
-
 static void dot_q4_k(const uint8_t *w, int64_t nb, const struct acts *a, float *out) {
   if (a->T == 1) *out = dot1_q4_k(w, nb, a);
   else dot_q4_k_n(w, nb, a, out, a->T);

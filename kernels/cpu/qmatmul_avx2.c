@@ -95,7 +95,27 @@ static void run(uint32_t type, const uint8_t *A, int64_t K, const float *ws, con
   for (int r = 0; r < RB; r++) _mm256_store_ps(v + r * TG, acc[r]);
 }
 
+/* kvl__lanes_store_fn for 4 rows x 8 tokens: the rows' vectors transposed in registers,
+ * so that each token's 4 results go to y as one store. The same additions (result + bias,
+ * + 0 without one) as the driver's scalar loop: bit-identical. */
+static void store_4(const float *v, const float *b, float *y, int64_t N) {
+  const __m256 r0 = _mm256_load_ps(v), r1 = _mm256_load_ps(v + TG), r2 = _mm256_load_ps(v + 2 * TG),
+               r3 = _mm256_load_ps(v + 3 * TG);
+  const __m256 a = _mm256_unpacklo_ps(r0, r1), c = _mm256_unpackhi_ps(r0, r1);
+  const __m256 e = _mm256_unpacklo_ps(r2, r3), g = _mm256_unpackhi_ps(r2, r3);
+  /* q[i]: 128-bit lane l holds the 4 rows of token 4l + i */
+  const __m256 q[4] = {_mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a), _mm256_castps_pd(e))),
+                       _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a), _mm256_castps_pd(e))),
+                       _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(c), _mm256_castps_pd(g))),
+                       _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(c), _mm256_castps_pd(g)))};
+  const __m128 bv = b ? _mm_loadu_ps(b) : _mm_setzero_ps();
+  for (int i = 0; i < 4; i++) {
+    _mm_storeu_ps(y + (int64_t)i * N, _mm_add_ps(_mm256_castps256_ps128(q[i]), bv));
+    _mm_storeu_ps(y + (int64_t)(4 + i) * N, _mm_add_ps(_mm256_extractf128_ps(q[i], 1), bv));
+  }
+}
+
 int kvl__qmatmul_avx2(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                       const float *xd, const int32_t *xs, int T, const float *bias, float *y) {
-  return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, RB, false, run, NULL, NULL, NULL);
+  return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, RB, false, run, NULL, NULL, store_4);
 }

@@ -419,6 +419,49 @@ static void test_qdot_vec(void) {
 /* The AVX2 activation quantiser gives the codes, scales and sums of the definition
  * (d = max|x| / 127, q = x / d rounded to nearest even, sums of 16 codes), as the AVX-512
  * one does: the two int8 levels read the same activations. */
+/* The AVX2 one-token kernels (qdot1: Q4_K on its factors, Q6_K with the group scales in
+ * the integer sums) against the several-token kernel (qdot, which reduces each unit to a
+ * scalar first), and qdot1n's tokens bit for bit against qdot1's: 4 formats, the 1.5B's
+ * width and the 0.5B's (a partial 8-block group) */
+static void test_qdot1_avx2(void) {
+  kvl_backend_t *be = kvl_backend_cpu_level("avx2int8");
+  if (!be) { printf("  (no AVX2: skipped)\n"); return; }
+  static const uint32_t ty[] = {KVL_TYPE_Q8_0, KVL_TYPE_Q5_0, KVL_TYPE_Q4_K, KVL_TYPE_Q6_K};
+  enum { R = 9, T = 5 };
+  double worst = 0;
+  for (size_t c = 0; c < 8; c++) {
+    const size_t i = c % 4;
+    const int64_t K = c < 4 ? 1536 : 896;
+    if (K % 256 && (ty[i] == KVL_TYPE_Q4_K || ty[i] == KVL_TYPE_Q6_K)) continue;
+    void *wd = make_weight(ty[i], R, K);
+    const size_t rb = kvl_row_size(ty[i], K);
+    float *x = malloc((size_t)T * K * 4), *xd = malloc((size_t)T * (K / 32) * 4), *xf = malloc((size_t)T * (K / 16) * 4);
+    int8_t *xq = malloc((size_t)T * K);
+    int32_t *xs = malloc((size_t)T * (K / 16) * 4);
+    fill(x, (size_t)T * K, 1.0f);
+    for (int t = 0; t < T; t++) {
+      kvl__q8_act_avx2(x + t * K, K, xq + t * K, xd + t * (K / 32), xs + t * (K / 16));
+      if (K % 256 == 0) kvl__q4_k_act_factors(xd + t * (K / 32), xs + t * (K / 16), K, xf + t * (K / 16));
+    }
+    const float *f = ty[i] == KVL_TYPE_Q4_K ? xf : NULL;
+    for (int r = 0; r < R; r++) {
+      const uint8_t *row = (const uint8_t *)wd + (size_t)r * rb;
+      float a[T], b[T], n[T];
+      CHECK_EQ_INT(be->qdot(ty[i], row, K, xq, xd, xs, T, a), 0);
+      CHECK_EQ_INT(be->qdot1n(ty[i], row, K, T, xq, xq, xd, xs, f, n), 0);
+      for (int t = 0; t < T; t++) {
+        CHECK_EQ_INT(be->qdot1(ty[i], row, K, xq + t * K, xq + t * K, xd + t * (K / 32), xs + t * (K / 16),
+                               f ? f + t * (K / 16) : NULL, &b[t]), 0);
+        CHECK(memcmp(&b[t], &n[t], sizeof(float)) == 0);
+        worst = fmax(worst, fabs((double)a[t] - b[t]) / (fabs((double)a[t]) + 1.0));
+      }
+    }
+    free(x); free(xd); free(xf); free(xq); free(xs); free(wd);
+  }
+  printf("  AVX2 one-token kernels vs the several-token kernel: worst relative difference %.2e\n", worst);
+  CHECK(worst < 1e-4); /* as the vector-scale kernels: offsets cancel large sums, rounding shows at ~1e-5 */
+}
+
 static void test_q8_act(void) {
   if (!kvl_backend_cpu_level("avx2int8")) { printf("  (no AVX2: skipped)\n"); return; }
   const int64_t K = 1536;
@@ -641,6 +684,7 @@ int main(int argc, char **argv) {
   if (!do_perf) {
     RUN(test_kv);
     RUN(test_qdot_vec);
+    RUN(test_qdot1_avx2);
     RUN(test_q8_act);
     RUN(test_sgemm);
     mm_cases_free();
