@@ -88,6 +88,8 @@ int kvl__qdot_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, co
  * formats as kvl__qdot_avx2 (whose tokens' results do not depend on each other). */
 int kvl__qdot1_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp, const float *xd,
                     const int32_t *xs, const float *xf, float *out);
+int kvl__qdot1_rows_avx2(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t K, const int8_t *xq,
+                         const float *xd, const int32_t *xs, const float *xf, const float *bias, float *y);
 int kvl__qdot1n_avx2(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
                      const float *xd, const int32_t *xs, const float *xf, float *out);
 /* The same products on AMX int8 tiles (cpu/qdot_amx.c), a whole matmul at once:
@@ -143,6 +145,11 @@ struct kvl_backend {
               int n_tokens, float *out);
   int (*qdot1)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp, const float *xd,
                const int32_t *xs, const float *xf, float *out);
+  /* one token against n_rows consecutive rows (row_bytes apart), each row's result plus
+   * its bias (NULL: none) to y[r], with the bits qdot1 gives that row; natural order only
+   * (no q8_order); nonzero: the format not covered (run qdot1 per row) */
+  int (*qdot1_rows)(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t K, const int8_t *xq,
+                    const float *xd, const int32_t *xs, const float *xf, const float *bias, float *y);
   /* the order qdot1 and qdot1n read a token's codes in, xp (kvl__q8_order); NULL: natural
    * order, xp = xq */
   bool (*q8_order)(uint32_t type, const int8_t *xq, int64_t K, int8_t *xp);

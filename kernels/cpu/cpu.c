@@ -128,18 +128,32 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
    * prefetcher follows; with dynamic chunks of 64 rows the threads hopped between 40 KiB
    * pieces and decode read the 0.5B's small matrices at ~55 % of the bandwidth. On the
    * Zen 5, tg128 went 66 -> 88 tokens/s (0.5B) and 32 -> 41 (1.5B), back to back. */
+  /* one token on a level with a row loop: each thread's contiguous rows in one call */
+  int rows_rc = n_tokens == 1 && be->qdot1_rows && !be->q8_order ? 0 : -1;
+  if (rows_rc == 0) {
+#pragma omp parallel reduction(| : rows_rc)
+    {
+      const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t r0 = N * id / nt, r1 = N * (id + 1) / nt;
+      if (r1 > r0)
+        rows_rc |= be->qdot1_rows(w->type, (const uint8_t *)w->data + (size_t)r0 * rb, rb, r1 - r0, K, xq, xd, xs, xf,
+                                  w->bias ? w->bias + r0 : NULL, y + r0);
+    }
+  }
+  if (rows_rc != 0) {
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < N; r++) {
-    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
-    float v[KVL__QDOT_MAX_T];
-    if (xp) {
-      if (n_tokens < 2 || !be->qdot1n || be->qdot1n(w->type, row, K, n_tokens, xq, xp, xd, xs, xf, v) != 0)
-        for (int t = 0; t < n_tokens; t++)
-          be->qdot1(w->type, row, K, xq + (int64_t)t * K, xp + (int64_t)t * K, xd + (int64_t)t * (K / 32),
-                    xs + (int64_t)t * (K / 16), xf ? xf + (int64_t)t * (K / 16) : NULL, v + t);
-    } else if (sx) be->qdot_vec(w->type, row, K, xq, sx, cx, n_tokens, v);
-    else be->qdot(w->type, row, K, xq, xd, xs, n_tokens, v);
-    for (int t = 0; t < n_tokens; t++) y[(int64_t)t * N + r] = v[t] + (w->bias ? w->bias[r] : 0.0f);
+    for (int64_t r = 0; r < N; r++) {
+      const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+      float v[KVL__QDOT_MAX_T];
+      if (xp) {
+        if (n_tokens < 2 || !be->qdot1n || be->qdot1n(w->type, row, K, n_tokens, xq, xp, xd, xs, xf, v) != 0)
+          for (int t = 0; t < n_tokens; t++)
+            be->qdot1(w->type, row, K, xq + (int64_t)t * K, xp + (int64_t)t * K, xd + (int64_t)t * (K / 32),
+                      xs + (int64_t)t * (K / 16), xf ? xf + (int64_t)t * (K / 16) : NULL, v + t);
+      } else if (sx) be->qdot_vec(w->type, row, K, xq, sx, cx, n_tokens, v);
+      else be->qdot(w->type, row, K, xq, xd, xs, n_tokens, v);
+      for (int t = 0; t < n_tokens; t++) y[(int64_t)t * N + r] = v[t] + (w->bias ? w->bias[r] : 0.0f);
+    }
   }
   free(xp_own);
   free(xf);
@@ -527,6 +541,7 @@ static kvl_backend_t be_avx2 = {.name = "cpu-avx2", .ops = &cpu_ops, .simd = &kv
 /* AVX2 with the int8-activation decode kernels (vpmaddubsw) for 1..16 tokens; fp32 above */
 static kvl_backend_t be_avx2int8 = {.name = "cpu-avx2-int8", .ops = &cpu_ops, .simd = &kvl__simd_avx2,
                                     .qdot = kvl__qdot_avx2, .qdot1 = kvl__qdot1_avx2, .qdot1n = kvl__qdot1n_avx2,
+                                    .qdot1_rows = kvl__qdot1_rows_avx2,
                                     .q8_act = kvl__q8_act_avx2};
 /* The same, with batches of 6 or more tokens on the tokens-in-lanes kernel (a vector holds
  * 8 tokens; below 6 the per-token kernels cost less: test-backend-ops --perf); its exact
@@ -534,6 +549,7 @@ static kvl_backend_t be_avx2int8 = {.name = "cpu-avx2-int8", .ops = &cpu_ops, .s
  * size, so a prompt's cache does not depend on its chunking. The AVX2 default. */
 static kvl_backend_t be_avx2int8mm = {.name = "cpu-avx2-int8-mm", .ops = &cpu_ops, .simd = &kvl__simd_avx2,
                                       .qdot = kvl__qdot_avx2, .qdot1 = kvl__qdot1_avx2, .qdot1n = kvl__qdot1n_avx2,
+                                    .qdot1_rows = kvl__qdot1_rows_avx2,
                                       .q8_act = kvl__q8_act_avx2, .qmatmul = kvl__qmatmul_avx2, .qmatmul_min_t = 6};
 static kvl_backend_t be_avx2int8mm_exact = {.name = "cpu-avx2-int8-mm-prefill", .ops = &cpu_ops,
                                             .simd = &kvl__simd_avx2, .q8_act = kvl__q8_act_avx2,

@@ -415,3 +415,31 @@ int kvl__qdot1n_avx2(uint32_t type, const void *w, int64_t K, int n_tokens, cons
   /* the other formats' kernels give each token the bits it has alone */
   return kvl__qdot_avx2(type, w, K, xq, xd, xs, n_tokens, out);
 }
+
+/* Rows r = 0 .. n_rows-1 of a product with one token, each row's dot plus its bias to y[r]:
+ * the kernels of kvl__qdot1_avx2 (the same bits per row), the format's dispatch done once
+ * instead of per row. The 0.5B's rows are 28 blocks (K = 896): per-row dispatch, the call
+ * and the reduction cost about 40 cycles a row, ~15 % of a Q5_0 row's time on a Zen 2. */
+int kvl__qdot1_rows_avx2(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t K, const int8_t *xq,
+                         const float *xd, const int32_t *xs, const float *xf, const float *bias, float *y) {
+  const struct acts a = {xq, xd, xs, K};
+  const uint8_t *p = w;
+  float v;
+  switch (type) {
+  case KVL_TYPE_Q8_0:
+    for (int64_t r = 0; r < n_rows; r++, p += row_bytes) dot_q8_0(p, K / 32, &a, &v, 1), y[r] = v + (bias ? bias[r] : 0.0f);
+    return 0;
+  case KVL_TYPE_Q5_0:
+    for (int64_t r = 0; r < n_rows; r++, p += row_bytes) dot_q5_0(p, K / 32, &a, &v, 1), y[r] = v + (bias ? bias[r] : 0.0f);
+    return 0;
+  case KVL_TYPE_Q4_K:
+    if (K % 256 || !xf) return KVL_ENOTSUP;
+    for (int64_t r = 0; r < n_rows; r++, p += row_bytes) dotn_q4_k(p, K / 256, K, xq, xf, &v, 1), y[r] = v + (bias ? bias[r] : 0.0f);
+    return 0;
+  case KVL_TYPE_Q6_K:
+    if (K % 256) return KVL_ENOTSUP;
+    for (int64_t r = 0; r < n_rows; r++, p += row_bytes) dotn_q6_k(p, K / 256, K, xq, xd, xs, &v, 1), y[r] = v + (bias ? bias[r] : 0.0f);
+    return 0;
+  default: return KVL_ENOTSUP;
+  }
+}
