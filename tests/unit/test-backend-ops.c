@@ -329,6 +329,15 @@ static void test_kv(void) {
 
 /* The vector-scale int8 kernels (2..16 tokens) against the per-token scalar ones: the
  * same arithmetic in another order, so they agree to float rounding. */
+/* The one-token cases: the four int8 formats at the 1.5B's width (1536) and the 0.5B's
+ * (896: 28 blocks, a partial group for the 32-element formats; none for the K-quants) */
+static bool one_token_case(size_t c, uint32_t *type, int64_t *K) {
+  static const uint32_t ty[] = {KVL_TYPE_Q8_0, KVL_TYPE_Q5_0, KVL_TYPE_Q4_K, KVL_TYPE_Q6_K};
+  *type = ty[c % 4];
+  *K = c < 4 ? 1536 : 896;
+  return !(*K % 256 && (*type == KVL_TYPE_Q4_K || *type == KVL_TYPE_Q6_K));
+}
+
 static void test_qdot_vec(void) {
   kvl_backend_t *be = kvl_backend_cpu_level("avx512vnni");
   if (!be) { printf("  (no AVX-512 VNNI: skipped)\n"); return; }
@@ -375,27 +384,26 @@ static void test_qdot_vec(void) {
    * entry (others: the same kernel) */
   double worst1 = 0;
   for (size_t c = 0; c < 8; c++) {
-    const size_t i = c % 4;
-    /* 896: the 0.5B's width, 28 blocks (a partial group of 16) for the 32-element formats */
-    const int64_t K = c < 4 ? 1536 : 896;
-    if (K % 256 && (ty[i] == KVL_TYPE_Q4_K || ty[i] == KVL_TYPE_Q6_K)) continue;
-    void *wd = make_weight(ty[i], R, K);
-    const size_t rb = kvl_row_size(ty[i], K);
+    uint32_t tc;
+    int64_t K;
+    if (!one_token_case(c, &tc, &K)) continue;
+    void *wd = make_weight(tc, R, K);
+    const size_t rb = kvl_row_size(tc, K);
     float *x = malloc((size_t)K * 4);
     fill(x, (size_t)K, 1.0f);
     int8_t *xq = malloc((size_t)K), *xp = malloc((size_t)K);
     float *xd = malloc((size_t)(K / 32) * 4);
     int32_t *xs = malloc((size_t)(K / 16) * 4);
     kvl__q8_act(x, K, xq, xd, xs);
-    CHECK_EQ_INT(kvl__q8_order(ty[i], xq, K, xp), ty[i] == KVL_TYPE_Q4_K || ty[i] == KVL_TYPE_Q5_0);
+    CHECK_EQ_INT(kvl__q8_order(tc, xq, K, xp), tc == KVL_TYPE_Q4_K || tc == KVL_TYPE_Q5_0);
     float *xf = malloc((size_t)(K / 16) * 4);
-    if (ty[i] == KVL_TYPE_Q4_K) kvl__q4_k_act_factors(xd, xs, K, xf);
+    if (tc == KVL_TYPE_Q4_K) kvl__q4_k_act_factors(xd, xs, K, xf);
     for (int r = 0; r < R; r++) {
       const uint8_t *row = (const uint8_t *)wd + (size_t)r * rb;
       float a, b;
-      CHECK_EQ_INT(be->qdot(ty[i], row, K, xq, xd, xs, 1, &a), 0);
-      CHECK_EQ_INT(be->qdot1(ty[i], row, K, xq, xp, xd, xs, ty[i] == KVL_TYPE_Q4_K ? xf : NULL, &b), 0);
-      if (ty[i] != KVL_TYPE_Q4_K && ty[i] != KVL_TYPE_Q5_0) CHECK(a == b);
+      CHECK_EQ_INT(be->qdot(tc, row, K, xq, xd, xs, 1, &a), 0);
+      CHECK_EQ_INT(be->qdot1(tc, row, K, xq, xp, xd, xs, tc == KVL_TYPE_Q4_K ? xf : NULL, &b), 0);
+      if (tc != KVL_TYPE_Q4_K && tc != KVL_TYPE_Q5_0) CHECK(a == b);
       worst1 = fmax(worst1, fabs((double)a - b) / (fabs((double)a) + 1.0));
     }
     free(x); free(xq); free(xp); free(xf); free(xd); free(xs); free(wd);
@@ -426,15 +434,14 @@ static void test_qdot_vec(void) {
 static void test_qdot1_avx2(void) {
   kvl_backend_t *be = kvl_backend_cpu_level("avx2int8");
   if (!be) { printf("  (no AVX2: skipped)\n"); return; }
-  static const uint32_t ty[] = {KVL_TYPE_Q8_0, KVL_TYPE_Q5_0, KVL_TYPE_Q4_K, KVL_TYPE_Q6_K};
   enum { R = 9, T = 5 };
   double worst = 0;
   for (size_t c = 0; c < 8; c++) {
-    const size_t i = c % 4;
-    const int64_t K = c < 4 ? 1536 : 896;
-    if (K % 256 && (ty[i] == KVL_TYPE_Q4_K || ty[i] == KVL_TYPE_Q6_K)) continue;
-    void *wd = make_weight(ty[i], R, K);
-    const size_t rb = kvl_row_size(ty[i], K);
+    uint32_t ty;
+    int64_t K;
+    if (!one_token_case(c, &ty, &K)) continue;
+    void *wd = make_weight(ty, R, K);
+    const size_t rb = kvl_row_size(ty, K);
     float *x = malloc((size_t)T * K * 4), *xd = malloc((size_t)T * (K / 32) * 4), *xf = malloc((size_t)T * (K / 16) * 4);
     int8_t *xq = malloc((size_t)T * K);
     int32_t *xs = malloc((size_t)T * (K / 16) * 4);
@@ -443,14 +450,14 @@ static void test_qdot1_avx2(void) {
       kvl__q8_act_avx2(x + t * K, K, xq + t * K, xd + t * (K / 32), xs + t * (K / 16));
       if (K % 256 == 0) kvl__q4_k_act_factors(xd + t * (K / 32), xs + t * (K / 16), K, xf + t * (K / 16));
     }
-    const float *f = ty[i] == KVL_TYPE_Q4_K ? xf : NULL;
+    const float *f = ty == KVL_TYPE_Q4_K ? xf : NULL;
     for (int r = 0; r < R; r++) {
       const uint8_t *row = (const uint8_t *)wd + (size_t)r * rb;
       float a[T], b[T], n[T];
-      CHECK_EQ_INT(be->qdot(ty[i], row, K, xq, xd, xs, T, a), 0);
-      CHECK_EQ_INT(be->qdot1n(ty[i], row, K, T, xq, xq, xd, xs, f, n), 0);
+      CHECK_EQ_INT(be->qdot(ty, row, K, xq, xd, xs, T, a), 0);
+      CHECK_EQ_INT(be->qdot1n(ty, row, K, T, xq, xq, xd, xs, f, n), 0);
       for (int t = 0; t < T; t++) {
-        CHECK_EQ_INT(be->qdot1(ty[i], row, K, xq + t * K, xq + t * K, xd + t * (K / 32), xs + t * (K / 16),
+        CHECK_EQ_INT(be->qdot1(ty, row, K, xq + t * K, xq + t * K, xd + t * (K / 32), xs + t * (K / 16),
                                f ? f + t * (K / 16) : NULL, &b[t]), 0);
         CHECK(memcmp(&b[t], &n[t], sizeof(float)) == 0);
         worst = fmax(worst, fabs((double)a[t] - b[t]) / (fabs((double)a[t]) + 1.0));
