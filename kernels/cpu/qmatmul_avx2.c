@@ -38,16 +38,24 @@ enum { TG = 8, RB = 4 }; /* tokens per vector; rows per block */
  * SB: elements per scale group; DEPTH: 4-element steps summed in 16 bits; Q8: signed codes. */
 static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_t K, const float *ws, const float *go,
                                                        int64_t ng, const int8_t *Bj, const float *XDj,
-                                                       const float *CBj, const int SB, const int DEPTH, const bool Q8,
+                                                       const float *CBj, const int32_t *XSj, const int SB,
+                                                       const int DEPTH, const bool Q8, const int OFF_SHIFT,
                                                        const char *pf, int64_t pf_lines, __m256 acc[RB]) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
   const int64_t pf_per = kvl__lanes_pf_per(pf_lines, ng);
   for (int64_t g = 0; g < ng; g++) {
     kvl__lanes_prefetch(pf, pf_lines, g, pf_per);
+    const int64_t gi = g * SB / 16; /* the group's slot of XD, CB and XS (16-element slots) */
+    /* OFF_SHIFT: the format's offset is 2^OFF_SHIFT x its scale (Q5_0 16, Q6_K 32); the
+     * integer sums start at minus that many times the tokens' code sums, which takes the
+     * offset off exactly (the 32-bit stage has the room the 16-bit one lacks) */
+    const __m256i s0 = OFF_SHIFT ? _mm256_sub_epi32(_mm256_setzero_si256(),
+                                                    _mm256_slli_epi32(_mm256_load_si256((const __m256i *)(XSj + gi * TG)), OFF_SHIFT))
+                                 : _mm256_setzero_si256();
     __m256i s32[RB];
 #pragma GCC unroll 8
-    for (int r = 0; r < RB; r++) s32[r] = _mm256_setzero_si256();
+    for (int r = 0; r < RB; r++) s32[r] = s0;
 #pragma GCC unroll 8
     for (int h = 0; h < SB / 4; h += DEPTH) {
       __m256i s16[RB];
@@ -70,12 +78,11 @@ static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_
   #pragma GCC unroll 8
       for (int r = 0; r < RB; r++) s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(s16[r], ones));
     }
-    const int64_t gi = g * SB / 16; /* the group's slot of XD and CB (16-element slots) */
     const __m256 xd = _mm256_load_ps(XDj + gi * TG), cb = _mm256_load_ps(CBj + gi * TG);
 #pragma GCC unroll 8
     for (int r = 0; r < RB; r++) {
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r]), _mm256_mul_ps(_mm256_set1_ps(ws[r * ng + g]), xd), acc[r]);
-      if (!Q8) acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(go[r * ng + g]), cb, acc[r]);
+      if (!Q8 && !OFF_SHIFT) acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(go[r * ng + g]), cb, acc[r]);
     }
   }
 }
@@ -84,13 +91,12 @@ static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_
 static void run(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,
                 const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v, const char *pf,
                 int64_t pf_lines) {
-  (void)XS; /* the offsets go through CB: the 16-bit stage leaves no room to fold them */
   __m256 acc[RB];
-  switch (type) {
-  case KVL_TYPE_Q4_K: block(A, K, ws, go, ng, Bj, XD, CB, 32, 8, false, pf, pf_lines, acc); break;
-  case KVL_TYPE_Q5_0: block(A, K, ws, go, ng, Bj, XD, CB, 32, 4, false, pf, pf_lines, acc); break;
-  case KVL_TYPE_Q6_K: block(A, K, ws, go, ng, Bj, XD, CB, 16, 2, false, pf, pf_lines, acc); break;
-  default: block(A, K, ws, go, ng, Bj, XD, CB, 32, 1, true, pf, pf_lines, acc); break;
+  switch (type) { /* Q4_K's offset dmin x m is its own float: through CB */
+  case KVL_TYPE_Q4_K: block(A, K, ws, go, ng, Bj, XD, CB, XS, 32, 8, false, 0, pf, pf_lines, acc); break;
+  case KVL_TYPE_Q5_0: block(A, K, ws, go, ng, Bj, XD, CB, XS, 32, 4, false, 4, pf, pf_lines, acc); break;
+  case KVL_TYPE_Q6_K: block(A, K, ws, go, ng, Bj, XD, CB, XS, 16, 2, false, 5, pf, pf_lines, acc); break;
+  default: block(A, K, ws, go, ng, Bj, XD, CB, XS, 32, 1, true, 0, pf, pf_lines, acc); break;
   }
   for (int r = 0; r < RB; r++) _mm256_store_ps(v + r * TG, acc[r]);
 }
