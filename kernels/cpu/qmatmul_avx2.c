@@ -18,7 +18,8 @@
  * with the group's weight scale ws and offset go (Q4_K: d*sc and dmin*m; Q6_K: d*sc and
  * 32*d*sc; Q5_0: d and 16*d; Q8_0: d and none: its signed codes enter as |w| against
  * sign(w)*x, one step per 16-bit sum) and the activation scale xd and code sum of the
- * token's 32-block (16-block for Q6_K). Same quantities as the other int8 kernels, summed
+ * token's 32-block (16-block for Q6_K). Where go is 2^s x ws (Q5_0, Q6_K) the offset
+ * is taken in integers instead: the 32-bit sum starts at -2^s x sum(xq[t]). Same quantities as the other int8 kernels, summed
  * in another order: results agree to float rounding. A token's result depends on its own
  * activations only (lanes past n_tokens are zero), so a row is bit-identical however the
  * tokens were batched: the level's exact twin takes this kernel for every size.
