@@ -61,9 +61,9 @@ int kvl__qdot_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *
  * format that reads xq): Q4_K unpacks two 64-element units and Q5_0 four blocks with one
  * 512-bit load each; the other formats read xq. */
 bool kvl__q8_order(uint32_t type, const int8_t *xq, int64_t K, int8_t *xp);
-/* Q4_K's activation side of one token prepared once per product (K % 256 == 0): per
- * 256-element block, its eight scales d, then the eight d x (code sum of each 32): K/16
- * floats. The single-token Q4_K kernel takes them as xf (NULL: the natural-order kernel). */
+/* Q4_K's activation side of one token prepared once per product (K % 256 == 0; cpu.c, any
+ * processor): per 256-element block, its eight scales d, then the eight d x (code sum of
+ * each 32): K/16 floats. The single-token Q4_K kernel takes them as xf (NULL: the natural-order kernel). */
 void kvl__q4_k_act_factors(const float *xd, const int32_t *xs, int64_t K, float *xf);
 int kvl__qdot1_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp,
                           const float *xd, const int32_t *xs, const float *xf, float *out);
@@ -83,9 +83,10 @@ int kvl__qdot_vec_avx512vnni(uint32_t type, const void *w, int64_t K, const int8
 void kvl__q8_act_avx2(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
 int kvl__qdot_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd, const int32_t *xs,
                    int n_tokens, float *out);
-/* One token and 1..6 tokens (the qdot1 and qdot1n contracts below): Q4_K on the factors
- * xf, reading xq in natural order (xp unused: the level has no q8_order); the other
- * formats as kvl__qdot_avx2 (whose tokens' results do not depend on each other). */
+/* One token and 1..6 tokens (the qdot1 and qdot1n contracts below), and one token against
+ * a run of rows (qdot1_rows): Q4_K on the factors xf and Q6_K with its group scales in the
+ * integer sums, reading xq in natural order (xp unused: the level has no q8_order); Q8_0
+ * and Q5_0 as kvl__qdot_avx2 (whose tokens' results do not depend on each other). */
 int kvl__qdot1_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp, const float *xd,
                     const int32_t *xs, const float *xf, float *out);
 int kvl__qdot1_rows_avx2(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t K, const int8_t *xq,

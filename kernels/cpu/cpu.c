@@ -549,7 +549,7 @@ static kvl_backend_t be_avx2int8 = {.name = "cpu-avx2-int8", .ops = &cpu_ops, .s
  * size, so a prompt's cache does not depend on its chunking. The AVX2 default. */
 static kvl_backend_t be_avx2int8mm = {.name = "cpu-avx2-int8-mm", .ops = &cpu_ops, .simd = &kvl__simd_avx2,
                                       .qdot = kvl__qdot_avx2, .qdot1 = kvl__qdot1_avx2, .qdot1n = kvl__qdot1n_avx2,
-                                    .qdot1_rows = kvl__qdot1_rows_avx2,
+                                      .qdot1_rows = kvl__qdot1_rows_avx2,
                                       .q8_act = kvl__q8_act_avx2, .qmatmul = kvl__qmatmul_avx2, .qmatmul_min_t = 6};
 static kvl_backend_t be_avx2int8mm_exact = {.name = "cpu-avx2-int8-mm-prefill", .ops = &cpu_ops,
                                             .simd = &kvl__simd_avx2, .q8_act = kvl__q8_act_avx2,

@@ -241,14 +241,15 @@ static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *w, int
 }
 
 /* Q4_K, one token (kvl__qdot1_avx2) or a few at once (kvl__qdot1n_avx2, each block
- * unpacked once; every token's operations those it has alone: bit-identical): each 32-element unit's int32 lanes converted and
- * multiplied by its scale d x sc x xd, broadcast from memory, into two accumulators; the
- * minimums' correction one FMA per block against the token's factors xf (kvl__q4_k_act_factors:
- * per block the eight xd, then the eight xd x code sums). dot_q4_k reduced each unit to a
- * scalar first (hadds and cross-lane permutes, slow on AMD's 256-bit units): on a Zen 2
- * (2 MiB of weights in L2, one thread) 50-52 -> 34-35 cycles per block (a throwaway
- * micro-benchmark; bench/README.md). The same integer sums, scaled in another order:
- * results agree with dot_q4_k to float rounding. Two accumulators: four were slower. */
+ * unpacked once, every token's operations those it has alone: bit-identical): each
+ * 32-element unit's int32 lanes converted and multiplied by its scale d x sc x xd,
+ * broadcast from memory, into two accumulators; the minimums' correction one FMA per
+ * block against the token's factors xf (kvl__q4_k_act_factors: per block the eight xd,
+ * then the eight xd x code sums). dot_q4_k reduced each unit to a scalar first (hadds
+ * and cross-lane permutes, slow on AMD's 256-bit units): on a Zen 2 (110 KiB of weights
+ * in L2, one thread) 50-52 -> 34-35 cycles per block (a throwaway micro-benchmark;
+ * bench/README.md). The same integer sums, scaled in another order: results agree with
+ * dot_q4_k to float rounding. Two accumulators: four were slower. */
 static inline __attribute__((always_inline)) void dotn_q4_k(const uint8_t *w, int64_t nb, int64_t K, const int8_t *xq,
                                                             const float *xf, float *out, const int T) {
   const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
