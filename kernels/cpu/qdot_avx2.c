@@ -70,8 +70,6 @@ static inline __m256i dot32(__m256i u, const int8_t *x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)x)), _mm256_set1_epi16(1));
 }
 
-#define QDOT1N_MAX 6 /* kvl__qdot1n_avx2's most tokens (KVL__QDOT1_MAX_T) */
-
 struct acts { const int8_t *q; const float *d; const int32_t *s; int64_t K; };
 
 #define QA(a, t) ((a)->q + (int64_t)(t) * (a)->K)
@@ -253,7 +251,7 @@ static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *w, int
 static inline __attribute__((always_inline)) void dotn_q4_k(const uint8_t *w, int64_t nb, int64_t K, const int8_t *xq,
                                                             const float *xf, float *out, const int T) {
   const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-  __m256 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX];
+  __m256 acc0[KVL__QDOT1_MAX_T], acc1[KVL__QDOT1_MAX_T], corr[KVL__QDOT1_MAX_T];
   for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++, w += 144) {
     const __m128i sm = kvl__q4_k_scale_bytes(w + 4);
@@ -303,7 +301,7 @@ static inline __attribute__((always_inline)) void dotn_q6_k(const uint8_t *w, in
       {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
       {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
       {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15}};
-  __m256 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX];
+  __m256 acc0[KVL__QDOT1_MAX_T], acc1[KVL__QDOT1_MAX_T], corr[KVL__QDOT1_MAX_T];
   for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++, w += 210) {
     const __m256 d = _mm256_set1_ps(kvl__h2f(w + 208));
@@ -387,30 +385,28 @@ int kvl__qdot1_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, c
   return kvl__qdot_avx2(type, w, K, xq, xd, xs, 1, out);
 }
 
+/* fn(args..., T) instantiated for T = 1..KVL__QDOT1_MAX_T, so each token loop is unrolled */
+_Static_assert(KVL__QDOT1_MAX_T == 6, "DOTN_SWITCH's cases");
+#define DOTN_SWITCH(n, fn, ...)                                                                                    \
+  switch (n) {                                                                                                     \
+  case 1: fn(__VA_ARGS__, 1); break;                                                                               \
+  case 2: fn(__VA_ARGS__, 2); break;                                                                               \
+  case 3: fn(__VA_ARGS__, 3); break;                                                                               \
+  case 4: fn(__VA_ARGS__, 4); break;                                                                               \
+  case 5: fn(__VA_ARGS__, 5); break;                                                                               \
+  default: fn(__VA_ARGS__, 6); break;                                                                              \
+  }
+
 int kvl__qdot1n_avx2(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
                      const float *xd, const int32_t *xs, const float *xf, float *out) {
   (void)xp;
-  if (n_tokens < 1 || n_tokens > QDOT1N_MAX) return KVL_ENOTSUP;
+  if (n_tokens < 1 || n_tokens > KVL__QDOT1_MAX_T) return KVL_ENOTSUP;
   if (type == KVL_TYPE_Q4_K && xf && K % 256 == 0) {
-    switch (n_tokens) {
-    case 1: dotn_q4_k(w, K / 256, K, xq, xf, out, 1); break;
-    case 2: dotn_q4_k(w, K / 256, K, xq, xf, out, 2); break;
-    case 3: dotn_q4_k(w, K / 256, K, xq, xf, out, 3); break;
-    case 4: dotn_q4_k(w, K / 256, K, xq, xf, out, 4); break;
-    case 5: dotn_q4_k(w, K / 256, K, xq, xf, out, 5); break;
-    default: dotn_q4_k(w, K / 256, K, xq, xf, out, 6); break;
-    }
+    DOTN_SWITCH(n_tokens, dotn_q4_k, w, K / 256, K, xq, xf, out)
     return 0;
   }
   if (type == KVL_TYPE_Q6_K && K % 256 == 0) {
-    switch (n_tokens) {
-    case 1: dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 1); break;
-    case 2: dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 2); break;
-    case 3: dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 3); break;
-    case 4: dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 4); break;
-    case 5: dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 5); break;
-    default: dotn_q6_k(w, K / 256, K, xq, xd, xs, out, 6); break;
-    }
+    DOTN_SWITCH(n_tokens, dotn_q6_k, w, K / 256, K, xq, xd, xs, out)
     return 0;
   }
   /* the other formats' kernels give each token the bits it has alone */

@@ -429,7 +429,8 @@ static void test_qdot_vec(void) {
  * one does: the two int8 levels read the same activations. */
 /* The AVX2 one-token kernels (qdot1: Q4_K on its factors, Q6_K with the group scales in
  * the integer sums) against the several-token kernel (qdot, which reduces each unit to a
- * scalar first), and qdot1n's tokens bit for bit against qdot1's: 4 formats, the 1.5B's
+ * scalar first); qdot1n's tokens and qdot1_rows' rows (with a bias) bit for bit against
+ * qdot1's: 4 formats, the 1.5B's
  * width and the 0.5B's (a partial 8-block group) */
 static void test_qdot1_avx2(void) {
   kvl_backend_t *be = kvl_backend_cpu_level("avx2int8");
@@ -451,6 +452,10 @@ static void test_qdot1_avx2(void) {
       if (K % 256 == 0) kvl__q4_k_act_factors(xd + t * (K / 32), xs + t * (K / 16), K, xf + t * (K / 16));
     }
     const float *f = ty == KVL_TYPE_Q4_K ? xf : NULL;
+    /* the row loop: every row the bits qdot1 gives it, plus its bias */
+    float yr[R], bias[R];
+    for (int r = 0; r < R; r++) bias[r] = 0.25f * (float)(r - 4);
+    CHECK_EQ_INT(be->qdot1_rows(ty, wd, rb, R, K, xq, xd, xs, f, bias, yr), 0);
     for (int r = 0; r < R; r++) {
       const uint8_t *row = (const uint8_t *)wd + (size_t)r * rb;
       float a[T], b[T], n[T];
@@ -460,6 +465,10 @@ static void test_qdot1_avx2(void) {
         CHECK_EQ_INT(be->qdot1(ty, row, K, xq + t * K, xq + t * K, xd + t * (K / 32), xs + t * (K / 16),
                                f ? f + t * (K / 16) : NULL, &b[t]), 0);
         CHECK(memcmp(&b[t], &n[t], sizeof(float)) == 0);
+        if (t == 0) {
+          const float e = b[0] + bias[r];
+          CHECK(memcmp(&e, &yr[r], sizeof(float)) == 0);
+        }
         worst = fmax(worst, fabs((double)a[t] - b[t]) / (fabs((double)a[t]) + 1.0));
       }
     }
