@@ -446,10 +446,13 @@ out:
 }
 
 const char *kvl_bench_model_name(const char *path) {
-  if (strstr(path, "0.5b")) return "qwen2.5-coder-0.5b";
-  if (strstr(path, "1.5b")) return "qwen2.5-coder-1.5b";
   const char *s = strrchr(path, '/');
-  return s ? s + 1 : path;
+  s = s ? s + 1 : path;
+  /* the real pair by its file's name only: another file whose path says "0.5b" (a cut or
+   * grown copy, scripts/gguf-reshape) keeps its own name in the results */
+  if (!strncmp(s, "qwen2.5-coder-0.5b", 18)) return "qwen2.5-coder-0.5b";
+  if (!strncmp(s, "qwen2.5-coder-1.5b", 18)) return "qwen2.5-coder-1.5b";
+  return s;
 }
 
 void kvl_bench_model_path(const char *size, char *buf, size_t len) {

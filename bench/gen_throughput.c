@@ -3,7 +3,7 @@
  * concurrent streams, with and without shared-prefix traffic (test "gen-throughput").
  *
  *   bench-gen-throughput [-m MODEL.gguf]... [-c 1,4,16,64] [-n TOKENS] [--prefix-share]
- *                        [--kv bf16|f32] [--step-tokens N] [--out DIR]
+ *                        [--kv bf16|f32] [--step-tokens N] [--backend cpu|cuda] [--out DIR]
  *
  * Each run submits N requests at once (fixed seed: prompt lengths drawn from 64..256
  * tokens, greedy decoding of TOKENS tokens each; with --prefix-share every prompt
@@ -68,8 +68,10 @@ int main(int argc, char **argv) {
   bool share = false;
   const char *out = "bench/results";
   enum kvl_kv_dtype kvdt = KVL_KV_BF16;
+  bool cuda = false;
   static const struct option opts[] = {{"prefix-share", no_argument, 0, 'P'}, {"kv", required_argument, 0, 'K'},
                                        {"step-tokens", required_argument, 0, 'S'}, {"out", required_argument, 0, 'O'},
+                                       {"backend", required_argument, 0, 'B'},
                                        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "m:c:n:h", opts, NULL)) != -1) {
@@ -86,10 +88,17 @@ int main(int argc, char **argv) {
     case 'K': kvdt = !strcmp(optarg, "f32") ? KVL_KV_F32 : KVL_KV_BF16; break;
     case 'S': step_tokens = atoi(optarg); break;
     case 'O': out = optarg; break;
+    case 'B':
+      if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+        fprintf(stderr, "bench-gen-throughput: --backend is cpu or cuda, not '%s'\n", optarg);
+        return 2;
+      }
+      cuda = !strcmp(optarg, "cuda");
+      break;
     default:
       fprintf(c == 'h' ? stdout : stderr,
               "usage: bench-gen-throughput [-m MODEL.gguf]... [-c 1,4,16,64] [-n TOKENS] [--prefix-share] "
-              "[--kv bf16|f32] [--step-tokens N] [--out DIR]\n%s",
+              "[--kv bf16|f32] [--step-tokens N] [--backend cpu|cuda] [--out DIR]\n%s",
               c != 'h' ? ""
                        : "\nServing throughput of the scheduler: N streams submitted at once (prompts of 64..256\n"
                          "tokens, fixed seed), greedy; aggregate generated tokens/s over the whole run (prefill\n"
@@ -100,6 +109,7 @@ int main(int argc, char **argv) {
                          "  --prefix-share     every prompt starts with the same 128-token prefix (hit rate)\n"
                          "  --kv bf16|f32      KV cache storage (default bf16)\n"
                          "  --step-tokens N    the scheduler's per-step token budget (default 256)\n"
+                         "  --backend cpu|cuda the CPU backend (default) or the CUDA one (kernels/cuda/)\n"
                          "  --out DIR          default bench/results\n");
       return c == 'h' ? 0 : 2;
     }
@@ -108,6 +118,12 @@ int main(int argc, char **argv) {
   if (n_models == 0) {
     kvl_bench_model_path("1.5b", defpath, sizeof(defpath));
     models[n_models++] = defpath;
+  }
+  char why[256];
+  kvl_backend_t *be = cuda ? kvl_backend_cuda(why, sizeof(why)) : kvl_backend_cpu();
+  if (!be) {
+    fprintf(stderr, "bench-gen-throughput: --backend cuda: %s\n", why);
+    return 1;
   }
   kvl_bench_report_t *rep = kvl_bench_report_new(share ? "gen-throughput-shared" : "gen-throughput", argc, argv);
   for (int mi = 0; mi < n_models; mi++) {
@@ -121,7 +137,7 @@ int main(int argc, char **argv) {
       kvl_sched_new(&(struct kvl_sched_config){.step_tokens = step_tokens, .max_seqs = N > 64 ? N : 64}, &s);
       struct kvl_kv_layout kl = kvl_model_kv_layout(m, kvdt);
       size_t blocks = (size_t)N * ((256 + (size_t)n_tokens) / KVL_KV_BLOCK + 2) + 16;
-      struct kvl_sched_model sm = {kvl_bench_model_name(models[mi]), m, kvl_backend_cpu(),
+      struct kvl_sched_model sm = {kvl_bench_model_name(models[mi]), m, be,
                                    {kl, blocks * kvl_kv_block_bytes(&kl), 0, 0, NULL, 0}, 0};
       int mid;
       if (kvl_sched_add_model(s, &sm, &mid, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
@@ -173,6 +189,7 @@ int main(int argc, char **argv) {
       json_object_set_new(res, "prefix_share", json_boolean(share));
       json_object_set_new(res, "prefix_hit_rate", json_real(run.prompt ? (double)run.cached / (double)run.prompt : 0));
       json_object_set_new(res, "kv", json_string(kvdt == KVL_KV_BF16 ? "bf16" : "f32"));
+      json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
       fprintf(stderr, "%s c=%d: %.1f tokens/s, ttft p50 %.0f ms, itl p50 %.0f ms (%d prompt tokens, %.0f%% from the cache, %.1f s)\n",
               kvl_bench_model_name(models[mi]), N, tps, pct(ttft, N, 50), pct(itl, n_itl, 50), total_prompt,
               run.prompt ? 100.0 * (double)run.cached / (double)run.prompt : 0.0, secs);

@@ -121,8 +121,12 @@ static int load_qwen2(struct kvl_model *m, char *err, size_t errlen) {
         (rc = get_tensor(g, n[11], F, E, &L->w_down, NULL, err, errlen)))
       return rc;
   }
-  /* a slot per product weight for a backend's repacked copy (kvl_wpack) */
-  m->n_packs = 7 * hp->n_layer + 1;
+  /* a slot per product weight for a backend's repacked copy (kvl_wpack), and one for the
+   * embedding table (a device backend keeps its copy there: without one it would copy
+   * the whole table in for every batch). A tied table shares the output head's slot:
+   * one copy serves both, on a backend whose copy fits both uses (the CPU backend's embed
+   * reads the GGUF rows and never its slot). */
+  m->n_packs = 7 * hp->n_layer + 2;
   m->packs = calloc((size_t)m->n_packs, sizeof(*m->packs));
   if (!m->packs) return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory");
   for (int i = 0; i < hp->n_layer; i++) {
@@ -131,6 +135,7 @@ static int load_qwen2(struct kvl_model *m, char *err, size_t errlen) {
     for (int j = 0; j < 7; j++) ws[j]->pack = &m->packs[7 * i + j];
   }
   m->output.pack = &m->packs[7 * hp->n_layer];
+  m->tok_embd.pack = hp->tied_output ? m->output.pack : &m->packs[7 * hp->n_layer + 1];
   return 0;
 }
 

@@ -223,37 +223,72 @@ static bool cu_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype)
   return op < KVL_OP_COUNT_;
 }
 
-/* Yᵀ (N x T, column-major) = W (K x N column-major, transposed) · Xᵀ (K x T) */
-static void gemm(const __nv_bfloat16 *W, const __nv_bfloat16 *X, float *Y, int64_t N, int64_t K, int T) {
+/* A GEMM's cuBLASLt descriptors and chosen algorithm, made once per shape: building them
+ * and asking the heuristic cost more than a decode step's small GEMM itself. A shape is
+ * (N, K, T); a model has a handful of (N, K) and a scheduler a few dozen T, so a small
+ * table replaced round-robin holds them. Used under S_.mu. */
+enum { N_PLANS = 128 };
+
+struct gemm_plan {
+  int64_t N, K;
+  int T;
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t la, lb, lc;
-  KVL_CKB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasLtMatmulAlgo_t algo;
+};
+
+static struct gemm_plan plans[N_PLANS];
+static int n_plans, next_plan;
+
+static void plan_free(struct gemm_plan *p) {
+  cublasLtMatrixLayoutDestroy(p->la);
+  cublasLtMatrixLayoutDestroy(p->lb);
+  cublasLtMatrixLayoutDestroy(p->lc);
+  cublasLtMatmulDescDestroy(p->op);
+}
+
+static const struct gemm_plan *gemm_plan(int64_t N, int64_t K, int T) {
+  for (int i = 0; i < n_plans; i++)
+    if (plans[i].N == N && plans[i].K == K && plans[i].T == T) return &plans[i];
+  struct gemm_plan *p;
+  if (n_plans < N_PLANS) {
+    p = &plans[n_plans++];
+  } else { /* full: the oldest goes */
+    p = &plans[next_plan];
+    next_plan = (next_plan + 1) % N_PLANS;
+    plan_free(p);
+  }
+  p->N = N, p->K = K, p->T = T;
+  KVL_CKB(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
-  KVL_CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof(tA)));
-  KVL_CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof(tB)));
-  KVL_CKB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K));
-  KVL_CKB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)T, K));
-  KVL_CKB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)N, (uint64_t)T, N));
+  KVL_CKB(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof(tA)));
+  KVL_CKB(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof(tB)));
+  KVL_CKB(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K));
+  KVL_CKB(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)T, K));
+  KVL_CKB(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)N, (uint64_t)T, N));
   cublasLtMatmulPreference_t pref;
   KVL_CKB(cublasLtMatmulPreferenceCreate(&pref));
   KVL_CKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &S_.ws_bytes,
                                                sizeof(S_.ws_bytes)));
   cublasLtMatmulHeuristicResult_t h;
   int found = 0;
-  KVL_CKB(cublasLtMatmulAlgoGetHeuristic(S_.lt, op, la, lb, lc, lc, pref, 1, &h, &found));
+  KVL_CKB(cublasLtMatmulAlgoGetHeuristic(S_.lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
   if (found < 1) {
     fprintf(stderr, "kvlingo: cuBLASLt has no algorithm for a %lld x %lld x %d bf16 GEMM\n", (long long)N,
             (long long)K, T);
     abort();
   }
+  p->algo = h.algo;
+  return p;
+}
+
+/* Yᵀ (N x T, column-major) = W (K x N column-major, transposed) · Xᵀ (K x T) */
+static void gemm(const __nv_bfloat16 *W, const __nv_bfloat16 *X, float *Y, int64_t N, int64_t K, int T) {
+  const struct gemm_plan *p = gemm_plan(N, K, T);
   const float one = 1.0f, zero = 0.0f;
-  KVL_CKB(cublasLtMatmul(S_.lt, op, &one, W, la, X, lb, &zero, Y, lc, Y, lc, &h.algo, S_.workspace, S_.ws_bytes,
-                         S_.st));
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatmulDescDestroy(op);
+  KVL_CKB(cublasLtMatmul(S_.lt, p->op, &one, W, p->la, X, p->lb, &zero, Y, p->lc, Y, p->lc, &p->algo, S_.workspace,
+                         S_.ws_bytes, S_.st));
 }
 
 static void cu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {

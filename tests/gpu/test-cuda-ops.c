@@ -62,6 +62,28 @@ static void test_matmul(void) {
       }
 }
 
+/* More GEMM shapes than the backend keeps plans for (N_PLANS, backend.cu): the oldest are
+ * replaced and every product stays right. */
+static void test_matmul_plans(void) {
+  const int64_t rows = 64, cols = 256;
+  const int maxT = 140;
+  void *wd = make_weight(KVL_TYPE_Q8_0, rows, cols);
+  float *x = malloc((size_t)maxT * cols * 4), *y = malloc((size_t)maxT * rows * 4), *yr = malloc((size_t)maxT * rows * 4);
+  fill(x, (size_t)maxT * cols, 1.0f);
+  struct kvl_wpack slot = {0};
+  struct kvl_weight w = {KVL_TYPE_Q8_0, cols, rows, wd, NULL, &slot};
+  double worst = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int T = 1; T <= maxT; T++) {
+      kvl_matmul(cu, &w, x, y, T);
+      kvl_matmul_ref(&w, x, yr, T);
+      worst = fmax(worst, nmse(y, yr, (size_t)T * rows));
+    }
+  report("matmul", "Q8_0 64x256 T=1..140, twice", worst, 1e-4);
+  kvl_wpack_release(&slot);
+  free(wd), free(x), free(y), free(yr);
+}
+
 static void test_elementwise(void) {
   const int T = 7, n = 1536;
   float *x = malloc((size_t)T * n * 4), *w = malloc((size_t)n * 4), *y = malloc((size_t)T * n * 4),
@@ -136,7 +158,8 @@ static void test_model(const char *path) {
   int32_t ids[64], pos[64], seq[64] = {0}, table[4] = {0, 1, 2, 3};
   int8_t want[64] = {0};
   unsigned long long s = 7;
-  for (int t = 0; t < T; t++) ids[t] = 1000 + (int32_t)(kvl_test_rand(&s) % 20000), pos[t] = t;
+  /* ids anywhere in the vocabulary (a cut model, scripts/gguf-reshape, has a short one) */
+  for (int t = 0; t < T; t++) ids[t] = (int32_t)(kvl_test_rand(&s) % (unsigned long long)hp->n_vocab), pos[t] = t;
   want[T - 1] = 1;
   const int32_t *tables[] = {table};
   float *lg[2];
@@ -145,8 +168,16 @@ static void test_model(const char *path) {
     struct kvl_kv_view kv = {&kl, pool, tables};
     struct kvl_batch batch = {T, ids, pos, seq, want};
     lg[b] = malloc((size_t)hp->n_vocab * 4);
-    CHECK_EQ_INT(kvl_model_forward(m, b ? cu : kvl_backend_cpu(), &batch, &kv, lg[b], NULL), 0);
+    int rc = kvl_model_forward(m, b ? cu : kvl_backend_cpu(), &batch, &kv, lg[b], NULL);
     free(pool);
+    if (rc != 0) {
+      printf("FAIL model      %s: the forward pass on the %s returned %d\n", path, b ? "GPU" : "CPU", rc);
+      CHECK_EQ_INT(rc, 0);
+      free(lg[0]);
+      if (b) free(lg[1]);
+      kvl_model_free(m);
+      return;
+    }
   }
   double worst = 0, lse[2];
   int am[2] = {0, 0};
@@ -176,6 +207,7 @@ int main(int argc, char **argv) {
   }
   printf("backend %s\n", kvl_backend_name(cu));
   RUN(test_matmul);
+  RUN(test_matmul_plans);
   RUN(test_elementwise);
   RUN(test_embed);
   RUN(test_attention);
