@@ -73,7 +73,7 @@ int kvl_bench_line_translate(struct kvl_bench_side *from_side, struct kvl_bench_
                              const char *who) {
   char err[256];
   if (!any_source) {
-    int rc = kvl_line_translate(dst, src, from_side->to_other, writer, from, to, kvl_model_rope(from_side->m),
+    int rc = kvl_line_translate(dst, src, from_side->to_other, NULL, writer, from, to, kvl_model_rope(from_side->m),
                                 kvl_model_rope(to_side->m), err, sizeof(err));
     if (rc < 0) fprintf(stderr, "%s: %s\n", who, err);
     return rc;

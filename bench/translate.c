@@ -13,6 +13,11 @@
  * 0..N-1 on both sides. --precision: the products in fp32, in bf16
  * (kvl_translator_use_bf16), or both (default); each row says which ("precision"), and a
  * bf16 row gives its target cache's relative RMS difference to the fp32 one.
+ *
+ * --backend cuda: kvl_translator_apply_on the CUDA backend (host pools in, host pool out:
+ * the copies are in the time; precision "cuda-bf16"). --shapes: no model files: the pair's
+ * fingerprints, KV layouts and RoPEs from their known shapes (for a machine without the
+ * models, e.g. a lent GPU; random maps then).
  */
 #include <getopt.h>
 #include <math.h>
@@ -25,6 +30,16 @@
 #include "kvl_model.h"
 #include "kvl_quant.h"
 #include "kvl_translator.h"
+
+/* the pair's shapes, for --shapes */
+static void shape_fp(struct kvl_model_fingerprint *f, const char *name, int n_layer, int head_dim) {
+  memset(f, 0, sizeof(*f));
+  snprintf(f->architecture, sizeof(f->architecture), "qwen2");
+  f->n_layer = n_layer, f->n_kv_head = 2, f->head_dim = head_dim, f->rope_theta = 1e6;
+  snprintf(f->rope_scaling, sizeof(f->rope_scaling), "none");
+  snprintf(f->tokenizer_hash, sizeof(f->tokenizer_hash), "0");
+  snprintf(f->name, sizeof(f->name), "%s (shape only)", name);
+}
 
 static double roofline_value(const char *test) {
   json_error_t je;
@@ -78,8 +93,10 @@ int main(int argc, char **argv) {
   static const struct option opts[] = {{"runs", required_argument, 0, 'r'}, {"out", required_argument, 0, 'o'},
                                        {"translator", required_argument, 0, 't'}, {"bw", required_argument, 0, 'b'},
                                        {"max", required_argument, 0, 'm'}, {"precision", required_argument, 0, 'p'},
+                                       {"backend", required_argument, 0, 'B'}, {"shapes", no_argument, 0, 'S'},
                                        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int runs = 5, max_n = 16384, c, nt = 0;
+  bool cuda = false, shapes = false;
   const char *out = "bench/results", *tfiles[8], *precision = "both";
   double bw = 0;
   while ((c = getopt_long(argc, argv, "r:o:t:b:m:p:h", opts, NULL)) != -1) {
@@ -90,13 +107,23 @@ int main(int argc, char **argv) {
     case 'b': bw = atof(optarg); break;
     case 'm': max_n = atoi(optarg); break;
     case 'p': precision = optarg; break;
+    case 'B':
+      if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+        fprintf(stderr, "bench-translate: --backend is cpu or cuda, not '%s'\n", optarg);
+        return 2;
+      }
+      cuda = !strcmp(optarg, "cuda");
+      break;
+    case 'S': shapes = true; break;
     case 'h':
       printf("usage: bench-translate [-r RUNS] [-t TRANSLATOR ...] [--bw GB/s] [--max N] [-o DIR]\n"
-             "                       [--precision fp32|bf16|both]\n"
-             "Times translating spans of 64, 512, 4096, 16384 tokens in each direction of the\n"
+             "                       [--precision fp32|bf16|both] [--backend cpu|cuda] [--shapes]\n"
+             "Times translating spans of 64, 512, 4096, 16384 (32768 with --max) tokens in each direction of the\n"
              "Qwen2.5-Coder pair; writes DIR/translate.json and .md. --precision: the products in\n"
              "fp32, in bf16 (kvl_translator_use_bf16; where the processor can), or both (default;\n"
-             "the bf16 rows then carry their output's relative RMS difference to the fp32 one).\n");
+             "the bf16 rows then carry their output's relative RMS difference to the fp32 one).\n"
+             "--backend cuda: translate on the CUDA backend (copies in and out included).\n"
+             "--shapes: without the model files: the pair's shapes and random maps.\n");
       return 0;
     default: return 2;
     }
@@ -111,19 +138,33 @@ int main(int argc, char **argv) {
   char err[512];
   const char *files[2] = {"qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"};
   const char *names[2] = {"qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"};
-  kvl_model_t *m[2];
+  kvl_model_t *m[2] = {NULL, NULL};
   struct kvl_model_fingerprint fp[2];
-  for (int i = 0; i < 2; i++) {
+  struct kvl_rope rope[2];
+  kvl_backend_t *be = NULL;
+  if (cuda && !(be = kvl_backend_cuda(err, sizeof(err)))) {
+    fprintf(stderr, "bench-translate: --backend cuda: %s\n", err);
+    return 1;
+  }
+  for (int i = 0; i < 2 && shapes; i++) {
+    shape_fp(&fp[i], names[i], i ? 28 : 24, i ? 128 : 64);
+    kvl_rope_init(&rope[i], fp[i].head_dim, (float)fp[i].rope_theta);
+  }
+  for (int i = 0; i < 2 && !shapes; i++) {
+    rope[i] = *kvl_model_rope(NULL); /* replaced below */
+  }
+  for (int i = 0; i < 2 && !shapes; i++) {
     char *p = model_path(files[i]);
     if (kvl_model_open(p, &m[i], err, sizeof(err)) < 0 ||
         kvl_fingerprint_from_gguf(kvl_model_gguf(m[i]), &fp[i], err, sizeof(err)) < 0) {
       fprintf(stderr, "bench-translate: %s: %s (scripts/fetch-models)\n", p, err);
       return 1;
     }
+    rope[i] = *kvl_model_rope(m[i]);
     free(p);
   }
   kvl_bench_report_t *rep = kvl_bench_report_new("translate", argc, argv);
-  static const int spans[] = {64, 512, 4096, 16384};
+  static const int spans[] = {64, 512, 4096, 16384, 32768};
   for (int dir = 0; dir < 2; dir++) {
     int s = dir, d = 1 - dir;
     kvl_translator_t *t = NULL;
@@ -139,7 +180,8 @@ int main(int argc, char **argv) {
       }
     }
     if (!t) t = random_translator(&fp[s], &fp[d]);
-    struct kvl_kv_layout ls = kvl_model_kv_layout(m[s], KVL_KV_BF16), ld = kvl_model_kv_layout(m[d], KVL_KV_BF16);
+    struct kvl_kv_layout ls = {fp[s].n_layer, fp[s].n_kv_head, fp[s].head_dim, KVL_KV_BF16},
+                         ld = {fp[d].n_layer, fp[d].n_kv_head, fp[d].head_dim, KVL_KV_BF16};
     int64_t flop_per_tok = 0;
     for (int l = 0; l < fp[d].n_layer; l++)
       for (int kv = 0; kv < 2; kv++) {
@@ -165,18 +207,19 @@ int main(int argc, char **argv) {
       for (int32_t b = 0; b < nb; b++) table[b] = b;
       for (int i = 0; i < n; i++) pos[i] = i;
       struct kvl_translate_span sp = {.src_layout = &ls, .src_base = ps, .src_table = table,
-                                      .src_rope = kvl_model_rope(m[s]), .src_pos = pos, .dst_layout = &ld,
-                                      .dst_base = pd, .dst_table = table, .dst_rope = kvl_model_rope(m[d]),
+                                      .src_rope = &rope[s], .src_pos = pos, .dst_layout = &ld,
+                                      .dst_base = pd, .dst_table = table, .dst_rope = &rope[d],
                                       .dst_pos = pos, .n = n};
       const size_t dbytes = (size_t)nb * kvl_kv_block_bytes(&ld);
       uint16_t *ref = NULL; /* the fp32 products' target cache, to compare the bf16 one with */
       for (int prec = 0; prec < 2; prec++) {
-        if ((prec == 0 && !strcmp(precision, "bf16")) || (prec == 1 && !strcmp(precision, "fp32"))) continue;
+        if (cuda && prec == 1) continue; /* one pass: the device's own precision */
+        if (!cuda && ((prec == 0 && !strcmp(precision, "bf16")) || (prec == 1 && !strcmp(precision, "fp32")))) continue;
         if (prec == 1 && kvl_translator_use_bf16(t, true, err, sizeof(err)) < 0) {
           fprintf(stderr, "bench-translate: bf16: %s\n", err);
           break;
         }
-        if (kvl_translator_apply(t, &sp, err, sizeof(err)) < 0) { /* warm-up, also a check */
+        if (kvl_translator_apply_on(t, be, &sp, err, sizeof(err)) < 0) { /* warm-up, also a check */
           fprintf(stderr, "bench-translate: %s\n", err);
           return 1;
         }
@@ -195,7 +238,7 @@ int main(int argc, char **argv) {
         double *x = malloc((size_t)runs * sizeof(double));
         for (int r = 0; r < runs; r++) {
           double t0 = kvl_bench_now();
-          kvl_translator_apply(t, &sp, err, sizeof(err));
+          kvl_translator_apply_on(t, be, &sp, err, sizeof(err));
           x[r] = kvl_bench_now() - t0;
         }
         struct kvl_bench_stats st;
@@ -215,9 +258,12 @@ int main(int argc, char **argv) {
                               json_real(100 * (double)flop_per_tok * n / st.median / 1e9 / flops_peak));
         json_object_set_new(res, "translator", json_string(tname));
         json_object_set_new(res, "kv", json_string("bf16"));
-        json_object_set_new(res, "precision", json_string(prec ? "bf16" : "fp32"));
+        json_object_set_new(res, "precision", json_string(cuda ? "cuda-bf16" : prec ? "bf16" : "fp32"));
+        json_object_set_new(res, "backend", json_string(be ? kvl_backend_name(be) : "cpu (translator/apply.c)"));
+        if (shapes) json_object_set_new(res, "models", json_string("shapes only (--shapes)"));
         if (rel >= 0) json_object_set_new(res, "rel_rms_vs_fp32", json_real(rel));
-        fprintf(stderr, "%s %s %s: %.2f ms (%.0f tokens/s, %.1f GB/s, %.0f GFLOP/s)", model, test, prec ? "bf16" : "fp32",
+        fprintf(stderr, "%s %s %s: %.2f ms (%.0f tokens/s, %.1f GB/s, %.0f GFLOP/s)", model, test,
+                cuda ? "cuda-bf16" : prec ? "bf16" : "fp32",
                 st.median * 1e3, n / st.median, bytes / st.median / 1e9, (double)flop_per_tok * n / st.median / 1e9);
         if (rel >= 0) fprintf(stderr, ", relative RMS difference to fp32 %.2e", rel);
         fprintf(stderr, "\n");
@@ -234,6 +280,7 @@ int main(int argc, char **argv) {
   }
   int rc = kvl_bench_report_write(rep, out);
   kvl_bench_report_free(rep);
-  for (int i = 0; i < 2; i++) kvl_model_free(m[i]);
+  for (int i = 0; i < 2; i++)
+    if (m[i]) kvl_model_free(m[i]);
   return rc < 0 ? 1 : 0;
 }

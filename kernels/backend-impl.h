@@ -14,6 +14,8 @@ struct kvl_backend_ops {
   void (*swiglu)(kvl_backend_t *be, const float *g, const float *u, float *y, int64_t n);
   void (*embed)(kvl_backend_t *be, const struct kvl_weight *t, const int32_t *ids, float *y, int n_tokens);
   void (*attention)(kvl_backend_t *be, const struct kvl_attn_args *a);
+  /* optional (NULL: translator/apply.c translates on the host) */
+  int (*translate)(kvl_backend_t *be, const struct kvl_tr_args *a, char *err, size_t errlen);
 };
 
 /* Vector primitives of one SIMD level (cpu/simd_*.c). All lengths in elements. */

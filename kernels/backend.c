@@ -38,3 +38,12 @@ void kvl_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   KVL_ASSERT(a->n_head > 0 && a->kv && a->n_head % a->kv->n_kv_head == 0);
   be->ops->attention(be, a);
 }
+
+bool kvl_backend_can_translate(const kvl_backend_t *be) { return be && be->ops->translate; }
+
+int kvl_backend_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *err, size_t errlen) {
+  if (!kvl_backend_can_translate(be))
+    return kvl_errf(err, errlen, KVL_ENOTSUP, "backend %s does not translate on its own", be ? be->name : "(none)");
+  if (a->n <= 0) return 0;
+  return be->ops->translate(be, a, err, errlen);
+}

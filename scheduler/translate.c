@@ -6,8 +6,8 @@
 #include "kvl_kvpool.h"
 #include "kvl_translator.h"
 
-int kvl_line_translate(kvl_line_t *dst, const kvl_line_t *src, const struct kvl_translator *t, kvl_writer_t writer,
-                       int32_t from, int32_t to, const struct kvl_rope *src_rope, const struct kvl_rope *dst_rope,
+int kvl_line_translate(kvl_line_t *dst, const kvl_line_t *src, const struct kvl_translator *t, kvl_backend_t *be,
+                       kvl_writer_t writer, int32_t from, int32_t to, const struct kvl_rope *src_rope, const struct kvl_rope *dst_rope,
                        char *err, size_t errlen) {
   if (!dst || !src || !t || !src_rope || !dst_rope)
     return kvl_errf(err, errlen, KVL_EINVAL, "translate: NULL line, translator or RoPE");
@@ -40,7 +40,7 @@ int kvl_line_translate(kvl_line_t *dst, const kvl_line_t *src, const struct kvl_
                                   .dst_layout = kvl_pool_layout(pd), .dst_base = kvl_pool_base(pd),
                                   .dst_table = kvl_line_block_table(dst), .dst_rope = dst_rope, .dst_pos = pos,
                                   .n = n};
-  rc = kvl_translator_apply(t, &sp, err, errlen);
+  rc = kvl_translator_apply_on(t, be, &sp, err, errlen);
   free(pos);
   if (rc < 0) kvl_line_truncate(dst, from);
   return rc;

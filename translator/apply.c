@@ -359,6 +359,29 @@ int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_s
   return 0;
 }
 
+int kvl_translator_apply_on(const kvl_translator_t *t, kvl_backend_t *be, const struct kvl_translate_span *s,
+                            char *err, size_t errlen) {
+  if (!kvl_backend_can_translate(be)) return kvl_translator_apply(t, s, err, errlen);
+  int rc = check_span(t, s, err, errlen);
+  if (rc < 0 || s->n == 0) return rc;
+  const int n = 2 * t->dst.n_layer;
+  struct kvl_tr_map_ref *maps = malloc((size_t)n * sizeof(*maps));
+  if (!maps) return kvl_errf(err, errlen, KVL_ENOMEM, "out of memory");
+  for (int i = 0; i < n; i++) {
+    const struct kvl__tr_map *m = &t->maps[i / 2][i & 1 ? KVL_TRANSLATOR_V : KVL_TRANSLATOR_K];
+    maps[i] = (struct kvl_tr_map_ref){m->nu, m->sources, m->data,
+                                      t->affine ? m->data + (size_t)m->nu * (size_t)t->w_src * (size_t)t->w_dst : NULL};
+  }
+  struct kvl_tr_args a = {.src_layout = s->src_layout, .dst_layout = s->dst_layout, .src_base = s->src_base,
+                          .dst_base = s->dst_base, .src_table = s->src_table, .dst_table = s->dst_table,
+                          .src_pos = s->src_pos, .dst_pos = s->dst_pos, .n = s->n, .src_rope = s->src_rope,
+                          .dst_rope = s->dst_rope, .maps = maps,
+                          .pack = (struct kvl_wpack *)&t->dev}; /* a cache: kept in a const translator */
+  rc = kvl_backend_translate(be, &a, err, errlen);
+  free(maps);
+  return rc;
+}
+
 /* y[w_T] = x · map, accumulated in double. */
 static void matvec_ref(const struct kvl__tr_map *mp, int64_t cols, const float *x, float *y) {
   for (int64_t c = 0; c < cols; c++) {

@@ -2,6 +2,7 @@
 #ifndef KVL_TRANSLATOR_IMPL_H
 #define KVL_TRANSLATOR_IMPL_H
 
+#include "kvl_kernels.h"
 #include "kvl_translator.h"
 
 /* Limits a real model stays far below; anything above is a corrupt file or fingerprint. */
@@ -30,6 +31,9 @@ struct kvl_translator {
   int64_t w_src, w_dst;              /* KV widths n_kv_head·head_dim */
   struct kvl__tr_map (*maps)[2];     /* [n_layer_T][K, V] */
   bool bf16;                         /* every slot has its bf16 copy (kvl_translator_use_bf16) */
+  struct kvl_wpack dev;              /* a device backend's copy of the maps (kvl_translator_apply_on):
+                                        a cache, written through a const translator; dropped
+                                        when a map is set */
   char *fit_json;                    /* NULL or a JSON object as text */
   char *scores_json;
 };

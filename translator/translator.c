@@ -86,6 +86,7 @@ int kvl_translator_new(const struct kvl_model_fingerprint *src, const struct kvl
 
 void kvl_translator_free(kvl_translator_t *t) {
   if (!t) return;
+  kvl_wpack_release(&t->dev);
   for (int32_t l = 0; t->maps && l < t->dst.n_layer; l++)
     for (int w = 0; w < 2; w++) {
       free(t->maps[l][w].sources);
@@ -102,6 +103,7 @@ void kvl_translator_free(kvl_translator_t *t) {
 void kvl__tr_slot_put(kvl_translator_t *t, int32_t layer, enum kvl_translator_kv which, int32_t *sources,
                       int32_t nu, float *data) {
   struct kvl__tr_map *m = &t->maps[layer][which];
+  kvl_wpack_release(&t->dev); /* the device copy holds the old map */
   free(m->sources);
   free(m->data);
   free(m->wb);

@@ -225,13 +225,15 @@ static bool cu_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype)
 
 /* A GEMM's cuBLASLt descriptors and chosen algorithm, made once per shape: building them
  * and asking the heuristic cost more than a decode step's small GEMM itself. A shape is
- * (N, K, T); a model has a handful of (N, K) and a scheduler a few dozen T, so a small
- * table replaced round-robin holds them. Used under S_.mu. */
+ * column-major C (m x n, ldc) = op(A) (m x k) . B (k x n, ldb), op(A) = A or Aᵀ (lda), bf16
+ * inputs, fp32 C; a model has a handful of (m, k), a scheduler a few dozen n and
+ * translation a few run lengths, so a small table replaced round-robin holds them. Used
+ * under S_.mu. */
 enum { N_PLANS = 128 };
 
 struct gemm_plan {
-  int64_t N, K;
-  int T;
+  bool trans_a;
+  int64_t m, n, k, lda, ldb, ldc;
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t la, lb, lc;
   cublasLtMatmulAlgo_t algo;
@@ -247,9 +249,14 @@ static void plan_free(struct gemm_plan *p) {
   cublasLtMatmulDescDestroy(p->op);
 }
 
-static const struct gemm_plan *gemm_plan(int64_t N, int64_t K, int T) {
-  for (int i = 0; i < n_plans; i++)
-    if (plans[i].N == N && plans[i].K == K && plans[i].T == T) return &plans[i];
+static const struct gemm_plan *gemm_plan(bool trans_a, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                                         int64_t ldc) {
+  for (int i = 0; i < n_plans; i++) {
+    const struct gemm_plan *q = &plans[i];
+    if (q->trans_a == trans_a && q->m == m && q->n == n && q->k == k && q->lda == lda && q->ldb == ldb &&
+        q->ldc == ldc)
+      return q;
+  }
   struct gemm_plan *p;
   if (n_plans < N_PLANS) {
     p = &plans[n_plans++];
@@ -258,14 +265,17 @@ static const struct gemm_plan *gemm_plan(int64_t N, int64_t K, int T) {
     next_plan = (next_plan + 1) % N_PLANS;
     plan_free(p);
   }
-  p->N = N, p->K = K, p->T = T;
+  p->trans_a = trans_a, p->m = m, p->n = n, p->k = k, p->lda = lda, p->ldb = ldb, p->ldc = ldc;
   KVL_CKB(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+  cublasOperation_t tA = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tB = CUBLAS_OP_N;
   KVL_CKB(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof(tA)));
   KVL_CKB(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof(tB)));
-  KVL_CKB(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K));
-  KVL_CKB(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)T, K));
-  KVL_CKB(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)N, (uint64_t)T, N));
+  if (trans_a)
+    KVL_CKB(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)k, (uint64_t)m, lda));
+  else
+    KVL_CKB(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)m, (uint64_t)k, lda));
+  KVL_CKB(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)k, (uint64_t)n, ldb));
+  KVL_CKB(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldc));
   cublasLtMatmulPreference_t pref;
   KVL_CKB(cublasLtMatmulPreferenceCreate(&pref));
   KVL_CKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &S_.ws_bytes,
@@ -275,20 +285,25 @@ static const struct gemm_plan *gemm_plan(int64_t N, int64_t K, int T) {
   KVL_CKB(cublasLtMatmulAlgoGetHeuristic(S_.lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found));
   cublasLtMatmulPreferenceDestroy(pref);
   if (found < 1) {
-    fprintf(stderr, "kvlingo: cuBLASLt has no algorithm for a %lld x %lld x %d bf16 GEMM\n", (long long)N,
-            (long long)K, T);
+    fprintf(stderr, "kvlingo: cuBLASLt has no algorithm for a %lld x %lld x %lld bf16 GEMM\n", (long long)m,
+            (long long)n, (long long)k);
     abort();
   }
   p->algo = h.algo;
   return p;
 }
 
+static void gemm_ex(bool trans_a, int64_t m, int64_t n, int64_t k, const __nv_bfloat16 *A, int64_t lda,
+                    const __nv_bfloat16 *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  const struct gemm_plan *p = gemm_plan(trans_a, m, n, k, lda, ldb, ldc);
+  const float one = 1.0f;
+  KVL_CKB(cublasLtMatmul(S_.lt, p->op, &one, A, p->la, B, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, S_.workspace,
+                         S_.ws_bytes, S_.st));
+}
+
 /* Yᵀ (N x T, column-major) = W (K x N column-major, transposed) · Xᵀ (K x T) */
 static void gemm(const __nv_bfloat16 *W, const __nv_bfloat16 *X, float *Y, int64_t N, int64_t K, int T) {
-  const struct gemm_plan *p = gemm_plan(N, K, T);
-  const float one = 1.0f, zero = 0.0f;
-  KVL_CKB(cublasLtMatmul(S_.lt, p->op, &one, W, p->la, X, p->lb, &zero, Y, p->lc, Y, p->lc, &p->algo, S_.workspace,
-                         S_.ws_bytes, S_.st));
+  gemm_ex(true, N, T, K, W, K, X, K, 0.0f, Y, N);
 }
 
 static void cu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
@@ -429,8 +444,271 @@ static void cu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   free(tables);
 }
 
-static const struct kvl_backend_ops cuda_ops = {cu_supports, cu_matmul, cu_rmsnorm, cu_rope,
-                                                cu_swiglu,   cu_embed,  cu_attention};
+/* ---- translation ----------------------------------------------------------------------
+ *
+ * The span's source blocks and the target blocks it writes are staged on the device (runs
+ * of consecutive physical blocks in one copy each; a target block the span fills entirely
+ * is not copied in), the maps are kept in bf16 in the translator's pack slot, and per
+ * chunk of positions: the used source layers' keys un-rotated and values gathered into
+ * position-major bf16 scratch [position][source layer][w_src] (so the consecutive layers a
+ * map reads are one strided matrix), then per target layer and K/V one cuBLASLt product per
+ * run of consecutive source layers (fp32 accumulation; the intercept as C's start), the
+ * keys rotated with the target RoPE and everything stored in the target's dtype. Then the
+ * target blocks go back to the host pool. */
+enum { TR_CHUNK = 4096 };
+
+struct tr_dev_maps { /* a translator's maps on the device: a kvl_tr_args pack's impl */
+  int n;             /* 2 x target layers */
+  __nv_bfloat16 **w; /* device [nu * w_src][w_dst] row-major (column-major: w_dst x nu * w_src) */
+  float **bias;      /* device [w_dst] or NULL */
+};
+
+static void tr_maps_free(struct tr_dev_maps *d) {
+  if (!d) return;
+  for (int i = 0; i < d->n; i++) {
+    if (d->w) kvl__cuda_free(d->w[i]);
+    if (d->bias) kvl__cuda_free(d->bias[i]);
+  }
+  free(d->w);
+  free(d->bias);
+  free(d);
+}
+
+static void release_tr_pack(struct kvl_wpack *p) {
+  tr_maps_free((struct tr_dev_maps *)p->impl);
+  p->impl = NULL, p->bytes = 0, p->owner = NULL, p->release = NULL;
+}
+
+/* The maps in bf16 on the device (bias fp32); NULL when the arena is full. */
+static struct tr_dev_maps *tr_maps_make(const struct kvl_tr_args *a, int64_t ws, int64_t wd, size_t *bytes) {
+  const int n = 2 * a->dst_layout->n_layer;
+  struct tr_dev_maps *d = (struct tr_dev_maps *)calloc(1, sizeof(*d));
+  KVL_ASSERT(d);
+  d->n = n;
+  d->w = (__nv_bfloat16 **)calloc((size_t)n, sizeof(*d->w));
+  d->bias = (float **)calloc((size_t)n, sizeof(*d->bias));
+  KVL_ASSERT(d->w && d->bias);
+  *bytes = 0;
+  for (int i = 0; i < n; i++) {
+    const struct kvl_tr_map_ref *m = &a->maps[i];
+    const size_t cnt = (size_t)m->nu * (size_t)ws * (size_t)wd;
+    uint16_t *h = (uint16_t *)malloc(cnt * sizeof(uint16_t));
+    KVL_ASSERT(h);
+    for (size_t j = 0; j < cnt; j++) h[j] = to_bf16(m->w[j]);
+    d->w[i] = (__nv_bfloat16 *)kvl__cuda_alloc(cnt * sizeof(uint16_t));
+    if (m->bias) d->bias[i] = (float *)kvl__cuda_alloc((size_t)wd * sizeof(float));
+    if (!d->w[i] || (m->bias && !d->bias[i])) {
+      free(h);
+      tr_maps_free(d);
+      return NULL;
+    }
+    KVL_CK(cudaMemcpyAsync(d->w[i], h, cnt * sizeof(uint16_t), cudaMemcpyHostToDevice, S_.st));
+    if (m->bias)
+      KVL_CK(cudaMemcpyAsync(d->bias[i], m->bias, (size_t)wd * sizeof(float), cudaMemcpyHostToDevice, S_.st));
+    KVL_CK(cudaStreamSynchronize(S_.st)); /* h is freed next */
+    free(h);
+    *bytes += cnt * sizeof(uint16_t) + (m->bias ? (size_t)wd * sizeof(float) : 0);
+  }
+  return d;
+}
+
+/* One side of the span: the blocks its positions touch, in logical order, and each
+ * position's (local block, slot). */
+struct tr_side {
+  int n_local;
+  int32_t *phys;  /* [n_local] physical block of each local block */
+  uint8_t *full;  /* [n_local] every slot of the block is in the span */
+  int32_t *where; /* [2n]: local block of position i at [i], its slot at [n + i] */
+};
+
+static int tr_side_make(const int32_t *table, const int32_t *pos, int32_t n, struct tr_side *sd) {
+  int32_t max_lb = 0;
+  for (int32_t i = 0; i < n; i++)
+    if (pos[i] / KVL_KV_BLOCK > max_lb) max_lb = pos[i] / KVL_KV_BLOCK;
+  int32_t *loc = (int32_t *)malloc(((size_t)max_lb + 1) * sizeof(int32_t));
+  uint8_t *cnt = (uint8_t *)calloc((size_t)max_lb + 1, 1);
+  sd->phys = (int32_t *)malloc(((size_t)max_lb + 1) * sizeof(int32_t));
+  sd->full = (uint8_t *)calloc((size_t)max_lb + 1, 1);
+  sd->where = (int32_t *)malloc(2 * (size_t)n * sizeof(int32_t));
+  if (!loc || !cnt || !sd->phys || !sd->full || !sd->where) {
+    free(loc), free(cnt);
+    return KVL_ENOMEM;
+  }
+  for (int32_t b = 0; b <= max_lb; b++) loc[b] = -1;
+  for (int32_t i = 0; i < n; i++) loc[pos[i] / KVL_KV_BLOCK] = 0, cnt[pos[i] / KVL_KV_BLOCK]++;
+  sd->n_local = 0;
+  for (int32_t b = 0; b <= max_lb; b++)
+    if (loc[b] == 0) {
+      sd->phys[sd->n_local] = table[b];
+      sd->full[sd->n_local] = cnt[b] >= KVL_KV_BLOCK; /* positions are distinct within a span */
+      loc[b] = sd->n_local++;
+    }
+  for (int32_t i = 0; i < n; i++) {
+    sd->where[i] = loc[pos[i] / KVL_KV_BLOCK];
+    sd->where[n + i] = pos[i] % KVL_KV_BLOCK;
+  }
+  free(loc), free(cnt);
+  return 0;
+}
+
+static void tr_side_free(struct tr_side *sd) {
+  free(sd->phys), free(sd->full), free(sd->where);
+}
+
+/* Copy local blocks [0, n_local) between the host pool and the device staging, runs of
+ * consecutive physical blocks in one copy; skip (or NULL): leave out the blocks where
+ * skip[j] is set. */
+static void tr_copy_blocks(const struct tr_side *sd, char *host, char *dev, size_t bb, bool to_device,
+                           const uint8_t *skip) {
+  for (int j = 0; j < sd->n_local;) {
+    if (skip && skip[j]) {
+      j++;
+      continue;
+    }
+    int r = 1;
+    while (j + r < sd->n_local && sd->phys[j + r] == sd->phys[j] + r && !(skip && skip[j + r])) r++;
+    char *h = host + (size_t)sd->phys[j] * bb, *d = dev + (size_t)j * bb;
+    if (to_device)
+      KVL_CK(cudaMemcpyAsync(d, h, (size_t)r * bb, cudaMemcpyHostToDevice, S_.st));
+    else
+      KVL_CK(cudaMemcpyAsync(h, d, (size_t)r * bb, cudaMemcpyDeviceToHost, S_.st));
+    j += r;
+  }
+}
+
+static struct kvl__cu_kv_geom tr_geom(const struct kvl_kv_layout *l, const void *base) {
+  struct kvl__cu_kv_geom g;
+  g.n_kv_head = l->n_kv_head, g.head_dim = l->head_dim, g.bf16 = l->dtype == KVL_KV_BF16;
+  g.block_bytes = (int64_t)kvl_kv_block_bytes(l);
+  g.slab_bytes = (int64_t)((const char *)kvl_kv_v_ptr(l, (void *)base, 0, 0) - (const char *)kvl_kv_k_ptr(l, (void *)base, 0, 0));
+  return g;
+}
+
+static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *err, size_t errlen) {
+  const struct kvl_kv_layout *ls = a->src_layout, *ld = a->dst_layout;
+  const int n_src = ls->n_layer, n_dst = ld->n_layer, n = (int)a->n;
+  const int64_t ws = (int64_t)ls->n_kv_head * ls->head_dim, wd = (int64_t)ld->n_kv_head * ld->head_dim;
+  const int hs = ls->head_dim / 2, hd = ld->head_dim / 2;
+  /* which source layers the K maps and the V maps read */
+  int32_t *lay = (int32_t *)malloc(2 * (size_t)n_src * sizeof(int32_t));
+  uint8_t *use = (uint8_t *)calloc((size_t)n_src, 1);
+  struct tr_side src = {0, NULL, NULL, NULL}, dst = {0, NULL, NULL, NULL};
+  int rc = 0;
+  if (!lay || !use || tr_side_make(a->src_table, a->src_pos, a->n, &src) < 0 ||
+      tr_side_make(a->dst_table, a->dst_pos, a->n, &dst) < 0) {
+    rc = kvl_errf(err, errlen, KVL_ENOMEM, "translating %d positions on %s: out of host memory", n, be->name);
+    free(lay), free(use);
+    tr_side_free(&src), tr_side_free(&dst);
+    return rc;
+  }
+  for (int i = 0; i < 2 * n_dst; i++)
+    for (int j = 0; j < a->maps[i].nu; j++) use[a->maps[i].sources[j]] |= (uint8_t)(1u << (i & 1));
+  int n_k = 0, n_v = 0;
+  for (int L = 0; L < n_src; L++) {
+    if (use[L] & 1) lay[n_k++] = L;
+  }
+  for (int L = 0; L < n_src; L++) {
+    if (use[L] & 2) lay[n_src + n_v++] = L;
+  }
+  const struct kvl__cu_kv_geom gs = tr_geom(ls, a->src_base), gd = tr_geom(ld, a->dst_base);
+  const int chunk = n < TR_CHUNK ? n : TR_CHUNK;
+
+  pthread_mutex_lock(&S_.mu);
+  struct tr_dev_maps *dm = NULL;
+  bool maps_temp = false;
+  if (a->pack && a->pack->impl && a->pack->owner == be) {
+    dm = (struct tr_dev_maps *)a->pack->impl;
+  } else {
+    size_t bytes = 0;
+    dm = tr_maps_make(a, ws, wd, &bytes);
+    if (dm && a->pack && !a->pack->impl) {
+      a->pack->impl = dm, a->pack->bytes = bytes, a->pack->owner = be, a->pack->release = release_tr_pack;
+    } else {
+      maps_temp = true;
+    }
+  }
+  char *dsrc = (char *)kvl__cuda_alloc((size_t)src.n_local * (size_t)gs.block_bytes);
+  char *ddst = (char *)kvl__cuda_alloc((size_t)dst.n_local * (size_t)gd.block_bytes);
+  int32_t *didx = (int32_t *)kvl__cuda_alloc((6 * (size_t)n + 2 * (size_t)n_src) * sizeof(int32_t));
+  float *dfreq = (float *)kvl__cuda_alloc((size_t)(hs + hd) * sizeof(float));
+  __nv_bfloat16 *xk = (__nv_bfloat16 *)kvl__cuda_alloc((size_t)chunk * (size_t)n_src * (size_t)ws * 2);
+  __nv_bfloat16 *xv = (__nv_bfloat16 *)kvl__cuda_alloc((size_t)chunk * (size_t)n_src * (size_t)ws * 2);
+  float *y = (float *)kvl__cuda_alloc((size_t)chunk * (size_t)wd * sizeof(float));
+  if (!dm || !dsrc || !ddst || !didx || !dfreq || !xk || !xv || !y) {
+    rc = kvl_errf(err, errlen, KVL_ENOMEM,
+                  "translating %d positions on %s: the device arena is full (KVL_CUDA_MEM_MIB sets its size)", n,
+                  be->name);
+    goto out;
+  }
+  {
+    /* positions: source (local block, slot, position), target the same, then the layer lists */
+    int32_t *h = (int32_t *)malloc((6 * (size_t)n + 2 * (size_t)n_src) * sizeof(int32_t));
+    KVL_ASSERT(h);
+    memcpy(h, src.where, 2 * (size_t)n * sizeof(int32_t));
+    memcpy(h + 2 * (size_t)n, a->src_pos, (size_t)n * sizeof(int32_t));
+    memcpy(h + 3 * (size_t)n, dst.where, 2 * (size_t)n * sizeof(int32_t));
+    memcpy(h + 5 * (size_t)n, a->dst_pos, (size_t)n * sizeof(int32_t));
+    memcpy(h + 6 * (size_t)n, lay, 2 * (size_t)n_src * sizeof(int32_t));
+    KVL_CK(cudaMemcpyAsync(didx, h, (6 * (size_t)n + 2 * (size_t)n_src) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                           S_.st));
+    KVL_CK(cudaMemcpyAsync(dfreq, a->src_rope->inv_freq, (size_t)hs * sizeof(float), cudaMemcpyHostToDevice, S_.st));
+    KVL_CK(cudaMemcpyAsync(dfreq + hs, a->dst_rope->inv_freq, (size_t)hd * sizeof(float), cudaMemcpyHostToDevice,
+                           S_.st));
+    tr_copy_blocks(&src, (char *)a->src_base, dsrc, (size_t)gs.block_bytes, true, NULL);
+    tr_copy_blocks(&dst, (char *)a->dst_base, ddst, (size_t)gd.block_bytes, true, dst.full);
+    KVL_CK(cudaStreamSynchronize(S_.st)); /* h is freed next */
+    free(h);
+  }
+  {
+    const int32_t *s_blk = didx, *s_slot = didx + n, *s_pos = didx + 2 * (size_t)n;
+    const int32_t *d_blk = didx + 3 * (size_t)n, *d_slot = didx + 4 * (size_t)n, *d_pos = didx + 5 * (size_t)n;
+    const int32_t *lay_k = didx + 6 * (size_t)n, *lay_v = lay_k + n_src;
+    for (int c0 = 0; c0 < n; c0 += chunk) {
+      const int nc = n - c0 < chunk ? n - c0 : chunk;
+      kvl__cu_tr_gather(dsrc, &gs, s_blk + c0, s_slot + c0, s_pos + c0, dfreq, lay_k, n_k, n_src, true, nc, xk, S_.st);
+      kvl__cu_tr_gather(dsrc, &gs, s_blk + c0, s_slot + c0, s_pos + c0, dfreq, lay_v, n_v, n_src, false, nc, xv,
+                        S_.st);
+      for (int i = 0; i < 2 * n_dst; i++) {
+        const struct kvl_tr_map_ref *m = &a->maps[i];
+        const __nv_bfloat16 *x = (i & 1) ? xv : xk;
+        float beta = 0.0f;
+        if (dm->bias[i]) {
+          kvl__cu_tr_fill(y, dm->bias[i], nc, (int)wd, S_.st);
+          beta = 1.0f;
+        }
+        for (int j = 0; j < m->nu;) { /* one product per run of consecutive source layers */
+          int len = 1;
+          while (j + len < m->nu && m->sources[j + len] == m->sources[j] + len) len++;
+          gemm_ex(false, wd, nc, (int64_t)len * ws, dm->w[i] + (size_t)j * (size_t)ws * (size_t)wd, wd,
+                  x + (size_t)m->sources[j] * (size_t)ws, (int64_t)n_src * ws, beta, y, wd);
+          beta = 1.0f;
+          j += len;
+        }
+        kvl__cu_tr_store(y, ddst, &gd, d_blk + c0, d_slot + c0, d_pos + c0, dfreq + hs, i / 2, (i & 1) == 0, nc,
+                         S_.st);
+      }
+    }
+    KVL_CK(cudaGetLastError());
+    tr_copy_blocks(&dst, (char *)a->dst_base, ddst, (size_t)gd.block_bytes, false, NULL);
+    KVL_CK(cudaStreamSynchronize(S_.st));
+  }
+out:
+  kvl__cuda_free(dsrc);
+  kvl__cuda_free(ddst);
+  kvl__cuda_free(didx);
+  kvl__cuda_free(dfreq);
+  kvl__cuda_free(xk);
+  kvl__cuda_free(xv);
+  kvl__cuda_free(y);
+  if (maps_temp) tr_maps_free(dm);
+  pthread_mutex_unlock(&S_.mu);
+  free(lay), free(use);
+  tr_side_free(&src), tr_side_free(&dst);
+  return rc;
+}
+
+static const struct kvl_backend_ops cuda_ops = {cu_supports, cu_matmul, cu_rmsnorm,  cu_rope,
+                                                cu_swiglu,   cu_embed,  cu_attention, cu_translate};
 
 static kvl_backend_t be_cuda;
 static pthread_once_t once = PTHREAD_ONCE_INIT;

@@ -42,4 +42,17 @@ void kvl__cu_attention(const float *q, float *out, const int32_t *pos, const int
                        int max_blocks, const void *blocks, int n_tokens, int n_head, int n_kv_head, int head_dim,
                        bool bf16, float scale, cudaStream_t st);
 
+
+/* Translation (the span's blocks staged on the device in local order; ops.cu explains) */
+struct kvl__cu_kv_geom {
+  int n_kv_head, head_dim, bf16;
+  int64_t block_bytes, slab_bytes;
+};
+void kvl__cu_tr_gather(const void *blocks, const kvl__cu_kv_geom *g, const int32_t *blk, const int32_t *slot,
+                       const int32_t *pos, const float *inv_freq, const int32_t *layers, int n_layers, int n_src,
+                       bool keys, int n, __nv_bfloat16 *x, cudaStream_t st);
+void kvl__cu_tr_fill(float *y, const float *bias, int n, int w, cudaStream_t st);
+void kvl__cu_tr_store(const float *y, void *blocks, const kvl__cu_kv_geom *g, const int32_t *blk, const int32_t *slot,
+                      const int32_t *pos, const float *inv_freq, int layer, bool keys, int n, cudaStream_t st);
+
 #endif

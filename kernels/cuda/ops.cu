@@ -168,3 +168,98 @@ void kvl__cu_attention(const float *q, float *out, const int32_t *pos, const int
     k_attention<float><<<grid, 32, 0, st>>>(q, out, pos, seq, tables, max_blocks, (const float *)blocks, n_head,
                                             n_kv_head, head_dim, scale);
 }
+
+/* ---- translation (backend.cu's cu_translate) ---------------------------------------
+ *
+ * The span's source and target blocks sit on the device in local order (blocks[b] at
+ * b * block_bytes, each block's layers as in the host pool: layer L's K slab at
+ * 2L * slab, its V slab at (2L + 1) * slab). Position i of the chunk lives in local
+ * block blk[i], slot slot[i], at RoPE position pos[i]. Angles in double, cos and sin
+ * rounded to float, the rotation in float: kvl_rope_table and kvl_rope_tab's arithmetic. */
+template <typename KV>
+__device__ inline void kv_put(KV *p, float v);
+template <>
+__device__ inline void kv_put<float>(float *p, float v) { *p = v; }
+template <>
+__device__ inline void kv_put<__nv_bfloat16>(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+/* x[i][layer][w_src] (bf16) = the un-rotated key (keys) or the value of source layer
+ * layers[y] at chunk position i; one block per (position, layer), a thread per pair. */
+template <typename KV>
+__global__ void k_tr_gather(const char *blocks, kvl__cu_kv_geom g, const int32_t *blk, const int32_t *slot,
+                            const int32_t *pos, const float *inv_freq, const int32_t *layers, int n_src, bool keys,
+                            __nv_bfloat16 *x) {
+  const int i = blockIdx.x, L = layers[blockIdx.y], d = g.head_dim, h2 = d / 2, w = g.n_kv_head * d;
+  const KV *row = (const KV *)(blocks + (int64_t)blk[i] * g.block_bytes + (int64_t)(2 * L + (keys ? 0 : 1)) * g.slab_bytes) +
+                  (int64_t)slot[i] * w;
+  __nv_bfloat16 *out = x + ((int64_t)i * n_src + L) * w;
+  for (int p = threadIdx.x; p < g.n_kv_head * h2; p += blockDim.x) {
+    const int h = p / h2, k = p % h2;
+    const float a = kv_at(row + h * d + k), b = kv_at(row + h * d + k + h2);
+    if (keys) {
+      const double ang = (double)pos[i] * (double)inv_freq[k];
+      const float c = (float)cos(ang), si = -(float)sin(ang); /* inverse: -sin exactly */
+      out[h * d + k] = __float2bfloat16_rn(a * c - b * si);
+      out[h * d + k + h2] = __float2bfloat16_rn(a * si + b * c);
+    } else {
+      out[h * d + k] = __float2bfloat16_rn(a);
+      out[h * d + k + h2] = __float2bfloat16_rn(b);
+    }
+  }
+}
+
+void kvl__cu_tr_gather(const void *blocks, const kvl__cu_kv_geom *g, const int32_t *blk, const int32_t *slot,
+                       const int32_t *pos, const float *inv_freq, const int32_t *layers, int n_layers, int n_src,
+                       bool keys, int n, __nv_bfloat16 *x, cudaStream_t st) {
+  if (n <= 0 || n_layers <= 0) return;
+  dim3 grid((unsigned)n, (unsigned)n_layers);
+  if (g->bf16)
+    k_tr_gather<__nv_bfloat16><<<grid, 128, 0, st>>>((const char *)blocks, *g, blk, slot, pos, inv_freq, layers, n_src,
+                                                     keys, x);
+  else
+    k_tr_gather<float><<<grid, 128, 0, st>>>((const char *)blocks, *g, blk, slot, pos, inv_freq, layers, n_src, keys, x);
+}
+
+/* y[i][c] = bias[c] (or 0) for i < n, c < w */
+__global__ void k_tr_fill(float *y, const float *bias, int64_t total, int w) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < total) y[i] = bias ? bias[i % w] : 0.0f;
+}
+
+void kvl__cu_tr_fill(float *y, const float *bias, int n, int w, cudaStream_t st) {
+  int64_t total = (int64_t)n * w;
+  if (total > 0) k_tr_fill<<<blocks_for(total, 256), 256, 0, st>>>(y, bias, total, w);
+}
+
+/* Target layer `layer`'s keys (rotated forward at pos[i]) or values y[i][w] stored into
+ * the target blocks; one block per position, a thread per pair. */
+template <typename KV>
+__global__ void k_tr_store(const float *y, char *blocks, kvl__cu_kv_geom g, const int32_t *blk, const int32_t *slot,
+                           const int32_t *pos, const float *inv_freq, int layer, bool keys) {
+  const int i = blockIdx.x, d = g.head_dim, h2 = d / 2, w = g.n_kv_head * d;
+  KV *row = (KV *)(blocks + (int64_t)blk[i] * g.block_bytes + (int64_t)(2 * layer + (keys ? 0 : 1)) * g.slab_bytes) +
+            (int64_t)slot[i] * w;
+  const float *yr = y + (int64_t)i * w;
+  for (int p = threadIdx.x; p < g.n_kv_head * h2; p += blockDim.x) {
+    const int h = p / h2, k = p % h2;
+    const float a = yr[h * d + k], b = yr[h * d + k + h2];
+    if (keys) {
+      const double ang = (double)pos[i] * (double)inv_freq[k];
+      const float c = (float)cos(ang), si = (float)sin(ang);
+      kv_put(row + h * d + k, a * c - b * si);
+      kv_put(row + h * d + k + h2, a * si + b * c);
+    } else {
+      kv_put(row + h * d + k, a);
+      kv_put(row + h * d + k + h2, b);
+    }
+  }
+}
+
+void kvl__cu_tr_store(const float *y, void *blocks, const kvl__cu_kv_geom *g, const int32_t *blk, const int32_t *slot,
+                      const int32_t *pos, const float *inv_freq, int layer, bool keys, int n, cudaStream_t st) {
+  if (n <= 0) return;
+  if (g->bf16)
+    k_tr_store<__nv_bfloat16><<<n, 128, 0, st>>>(y, (char *)blocks, *g, blk, slot, pos, inv_freq, layer, keys);
+  else
+    k_tr_store<float><<<n, 128, 0, st>>>(y, (char *)blocks, *g, blk, slot, pos, inv_freq, layer, keys);
+}

@@ -191,6 +191,34 @@ void kvl_swiglu(kvl_backend_t *be, const float *gate, const float *up, float *y,
 void kvl_embed(kvl_backend_t *be, const struct kvl_weight *table, const int32_t *ids, float *y, int n_tokens);
 void kvl_attention(kvl_backend_t *be, const struct kvl_attn_args *a);
 
+/* Translation on a backend's own device (DESIGN.md "Translation"): what translator/ hands a
+ * backend that has the op. Every target layer's K and V rows of the span are
+ *   y = sum_j unrotate(src K or V row of layer sources[j]) . w_j (+ bias),
+ * the keys rotated with the target's RoPE, stored at the target positions; source rows
+ * rounded to bf16, maps in bf16, products accumulated in fp32 (as kvl_translator_use_bf16
+ * on the CPU). A backend without the op (the CPU's: translator/apply.c does the work there)
+ * answers KVL_ENOTSUP. */
+struct kvl_tr_map_ref {
+  int32_t nu;             /* source layers read */
+  const int32_t *sources; /* nu source layer ids, in concatenation order */
+  const float *w;         /* [nu * w_src][w_dst] row-major fp32 */
+  const float *bias;      /* [w_dst] intercept, or NULL */
+};
+struct kvl_tr_args {
+  const struct kvl_kv_layout *src_layout, *dst_layout;
+  const void *src_base;            /* the source pool (host memory) */
+  void *dst_base;                  /* the target pool (host memory; written) */
+  const int32_t *src_table, *dst_table; /* one sequence each: logical -> physical block */
+  const int32_t *src_pos, *dst_pos;     /* [n] */
+  int32_t n;
+  const struct kvl_rope *src_rope, *dst_rope;
+  const struct kvl_tr_map_ref *maps; /* [dst_layout->n_layer * 2]: layer l's K at 2l, V at 2l + 1 */
+  struct kvl_wpack *pack;          /* the backend's copy of these maps, kept across calls (NULL:
+                                      made for the call); the caller releases it when the maps change */
+};
+int kvl_backend_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *err, size_t errlen);
+bool kvl_backend_can_translate(const kvl_backend_t *be);
+
 /* C[M][N] = alpha · op(A) · op(B) + beta · C, row-major fp32, op = transpose where asked:
  * the dense products of translation and training (cpu/sgemm.c: oneDNN, OpenBLAS as the
  * fallback or with KVL_SGEMM=openblas). */

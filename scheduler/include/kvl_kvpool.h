@@ -171,12 +171,13 @@ struct kvl_rope;
  * != KVL_WRITER_NATIVE): dst must hold exactly `from` positions and agree with src's
  * tokens there is the caller's business (same tokenizer: positions map one to one). The
  * span must be native in src (kvl_line_native_span): a translated position is never
- * translated again. Both lines must be hot. Runs kvl_translator_apply on the two pools
- * (one sgemm per layer and chunk); on any failure dst is left as it was. Returns 0,
+ * translated again. Both lines must be hot. Runs kvl_translator_apply_on(t, be) on the two
+ * pools (be: the target model's backend; NULL or the CPU: the host's sgemms, one per
+ * layer and chunk); on any failure dst is left as it was. Returns 0,
  * KVL_EINVAL (not native, bad range, writer 0, dst length != from), KVL_EFULL (no room
  * in dst's pool), or the translator's error, with a message. */
-int kvl_line_translate(kvl_line_t *dst, const kvl_line_t *src, const struct kvl_translator *t, kvl_writer_t writer,
-                       int32_t from, int32_t to, const struct kvl_rope *src_rope, const struct kvl_rope *dst_rope,
+int kvl_line_translate(kvl_line_t *dst, const kvl_line_t *src, const struct kvl_translator *t, kvl_backend_t *be,
+                       kvl_writer_t writer, int32_t from, int32_t to, const struct kvl_rope *src_rope, const struct kvl_rope *dst_rope,
                        char *err, size_t errlen);
 
 /* ---- tiers ------------------------------------------------------------------------ */

@@ -475,14 +475,14 @@ static void test_pool_lines(void) {
   CHECK_EQ_INT(kvl_translator_identity(&g_fp, true, &t, err, sizeof(err)), 0);
   const struct kvl_rope *r = kvl_model_rope(g_m);
   /* refusals leave the target as it was */
-  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, KVL_WRITER_NATIVE, 0, NP, r, r, err, sizeof(err)), KVL_EINVAL);
-  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, 3, 5, NP, r, r, err, sizeof(err)), KVL_EINVAL);
+  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, NULL, KVL_WRITER_NATIVE, 0, NP, r, r, err, sizeof(err)), KVL_EINVAL);
+  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, NULL, 3, 5, NP, r, r, err, sizeof(err)), KVL_EINVAL);
   CHECK_STR_CONTAINS(err, "starts at 5");
-  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, 3, 0, NP + 1, r, r, err, sizeof(err)), KVL_EINVAL);
+  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, NULL, 3, 0, NP + 1, r, r, err, sizeof(err)), KVL_EINVAL);
   CHECK_EQ_INT(kvl_line_len(ld), 0);
   /* in two pieces, to show spans chain */
-  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, 3, 0, 17, r, r, err, sizeof(err)), 0);
-  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, 3, 17, NP, r, r, err, sizeof(err)), 0);
+  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, NULL, 3, 0, 17, r, r, err, sizeof(err)), 0);
+  CHECK_EQ_INT(kvl_line_translate(ld, ls, t, NULL, 3, 17, NP, r, r, err, sizeof(err)), 0);
   CHECK_EQ_INT(kvl_line_len(ld), NP);
   CHECK_EQ_INT(kvl_line_writer(ld, 0), 3);
   CHECK_EQ_INT(kvl_line_writer(ld, NP - 1), 3);
@@ -496,7 +496,7 @@ static void test_pool_lines(void) {
   CHECK_EQ_INT(kvl_line_writer(ld, NP), KVL_WRITER_NATIVE);
   /* a translated position is never a translation source */
   kvl_line_t *l2 = kvl_line_new(ps);
-  CHECK_EQ_INT(kvl_line_translate(l2, ld, t, 4, 0, NP, r, r, err, sizeof(err)), KVL_EINVAL);
+  CHECK_EQ_INT(kvl_line_translate(l2, ld, t, NULL, 4, 0, NP, r, r, err, sizeof(err)), KVL_EINVAL);
   CHECK_STR_CONTAINS(err, "translated positions");
   CHECK_EQ_INT(kvl_line_len(l2), 0);
   CHECK_EQ_INT(kvl_pool_check(ps, err, sizeof(err)), 0);

@@ -221,6 +221,16 @@ struct kvl_translate_span {
  * each with a message; on failure nothing is written. */
 int kvl_translator_apply(const kvl_translator_t *t, const struct kvl_translate_span *s, char *err, size_t errlen);
 
+/* The same on backend `be` where it translates on its own device (kvl_backend_can_translate:
+ * the CUDA backend; products in bf16 with fp32 accumulation there, whatever
+ * kvl_translator_use_bf16 says), else exactly kvl_translator_apply (be NULL, the CPU). The
+ * device keeps its copy of the maps in the translator until a map is set again or the
+ * translator is freed (maps changed in place through kvl_translator_get_map are not seen,
+ * as with use_bf16). Same checks and returns as kvl_translator_apply. */
+typedef struct kvl_backend kvl_backend_t;
+int kvl_translator_apply_on(const kvl_translator_t *t, kvl_backend_t *be, const struct kvl_translate_span *s,
+                            char *err, size_t errlen);
+
 /* Apply this translator's products in bf16 from now on (on = true), or in fp32 again:
  * the maps are rounded to bf16 once, here (the intercept row stays fp32, as the GEMM's
  * bias), the source rows (un-rotated keys, values) at each apply; products accumulate in
