@@ -133,8 +133,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench-translate: --precision: expected fp32, bf16 or both, got '%s'\n", precision);
     return 2;
   }
-  if (bw <= 0) bw = roofline_value("roofline-bandwidth");
-  double flops_peak = roofline_value("roofline-flops");
+  /* the CPU's rooflines (bench-roofline's file): no yardstick for a GPU */
+  if (bw <= 0 && !cuda) bw = roofline_value("roofline-bandwidth");
+  double flops_peak = cuda ? 0 : roofline_value("roofline-flops");
   char err[512];
   const char *files[2] = {"qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"};
   const char *names[2] = {"qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"};
