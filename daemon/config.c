@@ -18,6 +18,7 @@ static void model_defaults(struct kvld_model_cfg *m) {
   m->hot_bytes = 1024ll << 20;
   m->cold_bytes = 2048ll << 20;
   m->max_model_len = 8192;
+  snprintf(m->backend, sizeof(m->backend), "cpu");
 }
 
 void kvld_config_defaults(struct kvld_config *c, const char *source_root) {
@@ -182,7 +183,12 @@ static void walk_model_key(struct walk *w, const char *k, yaml_node_t *vn, const
     m->max_model_len = (int32_t)v;
     return;
   }
-  bad(w, path, "unknown key (name, path, kv_dtype, hot_mib, cold_mib, disk_mib, max_model_len)");
+  if (!strcmp(k, "backend")) {
+    get_str(w, vn, path, m->backend, sizeof(m->backend));
+    if (!w->rc && strcmp(m->backend, "cpu") && strcmp(m->backend, "cuda")) bad(w, path, "expected cpu or cuda");
+    return;
+  }
+  bad(w, path, "unknown key (name, path, kv_dtype, hot_mib, cold_mib, disk_mib, max_model_len, backend)");
 }
 
 static void walk_cascade(struct walk *w, const char *k, yaml_node_t *vn, const char *path, void *ctx) {

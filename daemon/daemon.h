@@ -39,6 +39,7 @@ struct kvld_model_cfg {
   int64_t cold_bytes;
   int64_t disk_bytes;  /* spill-file tier behind the cold one (0 = none) */
   int32_t max_model_len;
+  char backend[8];     /* "cpu" | "cuda": where its forward passes (and translations into it) run */
 };
 
 struct kvld_config {
@@ -157,6 +158,7 @@ struct kvld_model {
   kvl_tokenizer_t *tk;
   char tok_hash[132];         /* its tokenizer's identity (the translator fingerprint's) */
   kvl_template_t *tmpl;       /* NULL when the model has no chat template */
+  kvl_backend_t *be;          /* its backend (the configuration's `backend`) */
   int sched_id;               /* the scheduler's model index */
   int32_t max_model_len;
   int32_t eog[8];             /* its end-of-generation ids, found once at load */

@@ -704,7 +704,15 @@ static void handle(struct call *c) {
       nm++;
     }
     r.version = KVLD_VERSION;
-    r.backend = (char *)kvl_backend_name(kvl_backend_cpu());
+    char backends[1024] = ""; /* the live models' backends, each named once */
+    for (int i = 0; i < d->n_models; i++) {
+      if (!kvld_model_live(d, i)) continue;
+      const char *bn = kvl_backend_name(d->models[i].be ? d->models[i].be : kvl_backend_cpu());
+      if (strstr(backends, bn)) continue;
+      size_t used = strlen(backends);
+      snprintf(backends + used, sizeof(backends) - used, "%s%s", used ? "; " : "", bn);
+    }
+    r.backend = backends[0] ? backends : (char *)kvl_backend_name(kvl_backend_cpu());
     r.uptime_seconds = kvld_now() - d->t_start;
     r.n_models = nm;
     r.models = mp;

@@ -23,9 +23,17 @@ void kvld_model_cfg_default(struct kvld_model_cfg *c) {
   c->hot_bytes = 1024ll << 20;
   c->cold_bytes = 2048ll << 20;
   c->max_model_len = 8192;
+  snprintf(c->backend, sizeof(c->backend), "cpu");
 }
 
 int kvld_model_open(struct kvld_model *m, const struct kvld_model_cfg *mc, char *err, size_t errlen) {
+  if (!strcmp(mc->backend, "cuda")) { /* before the weights are read: a machine without a GPU says so at once */
+    char why[256];
+    if (!(m->be = kvl_backend_cuda(why, sizeof(why))))
+      return kvl_errf(err, errlen, KVL_ENOTSUP, "model '%s': backend cuda: %s", mc->name, why);
+  } else {
+    m->be = kvl_backend_cpu();
+  }
   char *path = kvl_model_resolve(mc->path);
   if (!path) return kvl_errf(err, errlen, KVL_ENOENT, "model '%s': %s not found (scripts/fetch-models)", mc->name, mc->path);
   snprintf(m->path, sizeof(m->path), "%s", path);
@@ -63,7 +71,7 @@ void kvld_model_sched_cfg(const struct kvld_model *m, const struct kvld_model_cf
   memset(sm, 0, sizeof(*sm));
   sm->name = m->name;
   sm->model = m->m;
-  sm->backend = kvl_backend_cpu();
+  sm->backend = m->be ? m->be : kvl_backend_cpu();
   sm->max_model_len = m->max_model_len;
   sm->pool.layout = kvl_model_kv_layout(m->m, !strcmp(mc->kv_dtype, "f32") ? KVL_KV_F32 : KVL_KV_BF16);
   sm->pool.hot_bytes = (size_t)mc->hot_bytes;

@@ -505,6 +505,25 @@ snap4 = os.path.join(fresh_spill, "small.snapshot")
 check(os.path.exists(snap4) and (os.stat(os.path.dirname(snap4)).st_mode & 0o777) == 0o700
       and '"snapshot_failed"' not in open(log4).read(),
       "restart: a spill_dir that did not exist is created (mode 0700) and the snapshot written into it")
+# ---- a model's backend from the configuration --------------------------------------------
+orig = open(cfg.name + ".orig").read()
+with open(cfg.name, "w") as f:
+    f.write(orig.replace("  - name: large\n", "  - name: large\n    backend: tpu\n"))
+r = subprocess.run([kvlingod, "--config", cfg.name], capture_output=True, text=True, timeout=60)
+check(r.returncode != 0 and "models[1].backend: expected cpu or cuda" in r.stderr,
+      f"backend: an unknown backend refused by its key's path: {r.stderr.strip()[-200:]!r}")
+with open(cfg.name, "w") as f:
+    f.write(orig.replace("  - name: large\n", "  - name: large\n    backend: cuda\n"))
+p5 = subprocess.Popen([kvlingod, "--config", cfg.name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+ln = p5.stdout.readline()
+if ln.startswith("kvlingod listening"):  # a machine with a GPU: the model runs there
+    p5.send_signal(signal.SIGTERM)
+    check(p5.wait(timeout=120) == 0, "backend: cuda with a GPU: the daemon starts and stops cleanly")
+else:
+    err5 = p5.stderr.read()
+    rc5 = p5.wait(timeout=60)
+    check(rc5 != 0 and "model 'large': backend cuda:" in err5,
+          f"backend: cuda without a GPU refused at start, with the reason: {err5.strip()[-200:]!r}")
 if check.failed:
     print(open(log.name).read()[-3000:])
 sys.exit(1 if check.failed else 0)
