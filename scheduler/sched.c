@@ -707,7 +707,8 @@ static int translate_ready(kvl_sched_t *s, struct model *m, struct req *r, struc
     int rc = KVL_ENOENT;
     while (x) { /* timed without make_room: its evictions are not translation */
       double t0 = now_ms();
-      rc = kvl_line_translate(r->line, r->src[k], x->t, m->cfg.backend, x->writer, r->computed, e, kvl_model_rope(s->models[k].cfg.model),
+      rc = kvl_line_translate(r->line, r->src[k], x->t, m->cfg.backend, x->writer, r->computed, e,
+                              kvl_model_rope(s->models[k].cfg.model),
                               kvl_model_rope(m->cfg.model), err, sizeof(err));
       r->usage.translate_ms += now_ms() - t0;
       if (rc != KVL_EFULL || !make_room(s, mi, order, n, i)) break;

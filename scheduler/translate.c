@@ -7,8 +7,8 @@
 #include "kvl_translator.h"
 
 int kvl_line_translate(kvl_line_t *dst, const kvl_line_t *src, const struct kvl_translator *t, kvl_backend_t *be,
-                       kvl_writer_t writer, int32_t from, int32_t to, const struct kvl_rope *src_rope, const struct kvl_rope *dst_rope,
-                       char *err, size_t errlen) {
+                       kvl_writer_t writer, int32_t from, int32_t to, const struct kvl_rope *src_rope,
+                       const struct kvl_rope *dst_rope, char *err, size_t errlen) {
   if (!dst || !src || !t || !src_rope || !dst_rope)
     return kvl_errf(err, errlen, KVL_EINVAL, "translate: NULL line, translator or RoPE");
   if (writer == KVL_WRITER_NATIVE)

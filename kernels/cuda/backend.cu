@@ -580,7 +580,9 @@ static struct kvl__cu_kv_geom tr_geom(const struct kvl_kv_layout *l, const void 
   struct kvl__cu_kv_geom g;
   g.n_kv_head = l->n_kv_head, g.head_dim = l->head_dim, g.bf16 = l->dtype == KVL_KV_BF16;
   g.block_bytes = (int64_t)kvl_kv_block_bytes(l);
-  g.slab_bytes = (int64_t)((const char *)kvl_kv_v_ptr(l, (void *)base, 0, 0) - (const char *)kvl_kv_k_ptr(l, (void *)base, 0, 0));
+  const char *k0 = (const char *)kvl_kv_k_ptr(l, (void *)base, 0, 0);
+  const char *v0 = (const char *)kvl_kv_v_ptr(l, (void *)base, 0, 0);
+  g.slab_bytes = (int64_t)(v0 - k0);
   return g;
 }
 

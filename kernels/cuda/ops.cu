@@ -190,8 +190,8 @@ __global__ void k_tr_gather(const char *blocks, kvl__cu_kv_geom g, const int32_t
                             const int32_t *pos, const float *inv_freq, const int32_t *layers, int n_src, bool keys,
                             __nv_bfloat16 *x) {
   const int i = blockIdx.x, L = layers[blockIdx.y], d = g.head_dim, h2 = d / 2, w = g.n_kv_head * d;
-  const KV *row = (const KV *)(blocks + (int64_t)blk[i] * g.block_bytes + (int64_t)(2 * L + (keys ? 0 : 1)) * g.slab_bytes) +
-                  (int64_t)slot[i] * w;
+  const char *slab = blocks + (int64_t)blk[i] * g.block_bytes + (int64_t)(2 * L + (keys ? 0 : 1)) * g.slab_bytes;
+  const KV *row = (const KV *)slab + (int64_t)slot[i] * w;
   __nv_bfloat16 *out = x + ((int64_t)i * n_src + L) * w;
   for (int p = threadIdx.x; p < g.n_kv_head * h2; p += blockDim.x) {
     const int h = p / h2, k = p % h2;
@@ -217,7 +217,8 @@ void kvl__cu_tr_gather(const void *blocks, const kvl__cu_kv_geom *g, const int32
     k_tr_gather<__nv_bfloat16><<<grid, 128, 0, st>>>((const char *)blocks, *g, blk, slot, pos, inv_freq, layers, n_src,
                                                      keys, x);
   else
-    k_tr_gather<float><<<grid, 128, 0, st>>>((const char *)blocks, *g, blk, slot, pos, inv_freq, layers, n_src, keys, x);
+    k_tr_gather<float><<<grid, 128, 0, st>>>((const char *)blocks, *g, blk, slot, pos, inv_freq, layers, n_src, keys,
+                                             x);
 }
 
 /* y[i][c] = bias[c] (or 0) for i < n, c < w */

@@ -177,8 +177,8 @@ struct kvl_rope;
  * KVL_EINVAL (not native, bad range, writer 0, dst length != from), KVL_EFULL (no room
  * in dst's pool), or the translator's error, with a message. */
 int kvl_line_translate(kvl_line_t *dst, const kvl_line_t *src, const struct kvl_translator *t, kvl_backend_t *be,
-                       kvl_writer_t writer, int32_t from, int32_t to, const struct kvl_rope *src_rope, const struct kvl_rope *dst_rope,
-                       char *err, size_t errlen);
+                       kvl_writer_t writer, int32_t from, int32_t to, const struct kvl_rope *src_rope,
+                       const struct kvl_rope *dst_rope, char *err, size_t errlen);
 
 /* ---- tiers ------------------------------------------------------------------------ */
 

@@ -70,7 +70,8 @@ static void test_matmul_plans(void) {
   const int64_t rows = 64, cols = 256;
   const int maxT = 140;
   void *wd = make_weight(KVL_TYPE_Q8_0, rows, cols);
-  float *x = malloc((size_t)maxT * cols * 4), *y = malloc((size_t)maxT * rows * 4), *yr = malloc((size_t)maxT * rows * 4);
+  float *x = malloc((size_t)maxT * cols * 4), *y = malloc((size_t)maxT * rows * 4);
+  float *yr = malloc((size_t)maxT * rows * 4);
   fill(x, (size_t)maxT * cols, 1.0f);
   struct kvl_wpack slot = {0};
   struct kvl_weight w = {KVL_TYPE_Q8_0, cols, rows, wd, NULL, &slot};
@@ -172,7 +173,8 @@ static void tr_set_maps(kvl_translator_t *t, int n_src, int n_dst, int64_t ws, i
 }
 
 /* rows of the target pool at the span's positions, all layers, K and V, as fp32 */
-static float *tr_rows(const struct kvl_kv_layout *l, const void *pool, const int32_t *table, const int32_t *pos, int n) {
+static float *tr_rows(const struct kvl_kv_layout *l, const void *pool, const int32_t *table, const int32_t *pos,
+                      int n) {
   const int w = l->n_kv_head * l->head_dim;
   float *o = malloc((size_t)n * l->n_layer * 2 * w * sizeof(float));
   for (int i = 0; i < n; i++)
