@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_backend.h"
 #include "bench_common.h"
 #include "kvl_error.h"
 #include "kvl_model.h"
@@ -89,11 +90,7 @@ int main(int argc, char **argv) {
     case 'S': step_tokens = atoi(optarg); break;
     case 'O': out = optarg; break;
     case 'B':
-      if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-        fprintf(stderr, "bench-gen-throughput: --backend is cpu or cuda, not '%s'\n", optarg);
-        return 2;
-      }
-      cuda = !strcmp(optarg, "cuda");
+      if (kvl_bench_backend_opt("bench-gen-throughput", optarg, &cuda)) return 2;
       break;
     default:
       fprintf(c == 'h' ? stdout : stderr,
@@ -119,12 +116,8 @@ int main(int argc, char **argv) {
     kvl_bench_model_path("1.5b", defpath, sizeof(defpath));
     models[n_models++] = defpath;
   }
-  char why[256];
-  kvl_backend_t *be = cuda ? kvl_backend_cuda(why, sizeof(why)) : kvl_backend_cpu();
-  if (!be) {
-    fprintf(stderr, "bench-gen-throughput: --backend cuda: %s\n", why);
-    return 1;
-  }
+  kvl_backend_t *be = kvl_bench_backend("bench-gen-throughput", cuda);
+  if (!be) return 1;
   kvl_bench_report_t *rep = kvl_bench_report_new(share ? "gen-throughput-shared" : "gen-throughput", argc, argv);
   for (int mi = 0; mi < n_models; mi++) {
     char err[512];

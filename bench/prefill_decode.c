@@ -35,6 +35,7 @@
 
 #include <omp.h>
 
+#include "bench_backend.h"
 #include "bench_common.h"
 #include "peak.h"
 #include "kvl_error.h"
@@ -162,12 +163,8 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     return -1;
   }
   const struct kvl_model_hparams *hp = kvl_model_hparams(m);
-  char why[256];
-  kvl_backend_t *be = o->cuda ? kvl_backend_cuda(why, sizeof(why)) : kvl_backend_cpu();
-  if (!be) {
-    fprintf(stderr, "bench-prefill-decode: --backend cuda: %s\n", why);
-    goto out;
-  }
+  kvl_backend_t *be = kvl_bench_backend("bench-prefill-decode", o->cuda);
+  if (!be) goto out;
   const int threads = omp_get_max_threads();
   const char *kvname = o->kv == KVL_KV_F32 ? "f32" : "bf16";
   fprintf(stderr, "bench-prefill-decode: %s (%s, %d layers) on %s, %d threads, kv %s, loaded in %.2f s\n", name,
@@ -391,8 +388,7 @@ int main(int argc, char **argv) {
     case 'n': o.tg = parse_int(optarg, "-n", 0); break;
     case 'r': o.runs = parse_int(optarg, "-r", 1); break;
     case O_BACKEND:
-      if (!strcmp(optarg, "cuda")) o.cuda = true;
-      else if (strcmp(optarg, "cpu")) { fprintf(stderr, "bench-prefill-decode: --backend is cpu or cuda, not '%s'\n", optarg); return 2; }
+      if (kvl_bench_backend_opt("bench-prefill-decode", optarg, &o.cuda)) return 2;
       break;
     case O_KV:
       if (!strcmp(optarg, "bf16")) o.kv = KVL_KV_BF16;

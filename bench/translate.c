@@ -25,21 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_backend.h"
 #include "bench_common.h"
 #include "kvl_error.h"
 #include "kvl_model.h"
 #include "kvl_quant.h"
 #include "kvl_translator.h"
-
-/* the pair's shapes, for --shapes */
-static void shape_fp(struct kvl_model_fingerprint *f, const char *name, int n_layer, int head_dim) {
-  memset(f, 0, sizeof(*f));
-  snprintf(f->architecture, sizeof(f->architecture), "qwen2");
-  f->n_layer = n_layer, f->n_kv_head = 2, f->head_dim = head_dim, f->rope_theta = 1e6;
-  snprintf(f->rope_scaling, sizeof(f->rope_scaling), "none");
-  snprintf(f->tokenizer_hash, sizeof(f->tokenizer_hash), "0");
-  snprintf(f->name, sizeof(f->name), "%s (shape only)", name);
-}
 
 static double roofline_value(const char *test) {
   json_error_t je;
@@ -108,11 +99,7 @@ int main(int argc, char **argv) {
     case 'm': max_n = atoi(optarg); break;
     case 'p': precision = optarg; break;
     case 'B':
-      if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-        fprintf(stderr, "bench-translate: --backend is cpu or cuda, not '%s'\n", optarg);
-        return 2;
-      }
-      cuda = !strcmp(optarg, "cuda");
+      if (kvl_bench_backend_opt("bench-translate", optarg, &cuda)) return 2;
       break;
     case 'S': shapes = true; break;
     case 'h':
@@ -142,13 +129,10 @@ int main(int argc, char **argv) {
   kvl_model_t *m[2] = {NULL, NULL};
   struct kvl_model_fingerprint fp[2];
   struct kvl_rope rope[2];
-  kvl_backend_t *be = NULL;
-  if (cuda && !(be = kvl_backend_cuda(err, sizeof(err)))) {
-    fprintf(stderr, "bench-translate: --backend cuda: %s\n", err);
-    return 1;
-  }
+  kvl_backend_t *be = NULL; /* NULL: translator/apply.c on the host */
+  if (cuda && !(be = kvl_bench_backend("bench-translate", true))) return 1;
   for (int i = 0; i < 2 && shapes; i++) {
-    shape_fp(&fp[i], names[i], i ? 28 : 24, i ? 128 : 64);
+    kvl_fingerprint_of_shape(&fp[i], i ? 28 : 24, 2, i ? 128 : 64, 1e6, names[i]); /* the pair's shapes */
     kvl_rope_init(&rope[i], fp[i].head_dim, (float)fp[i].rope_theta);
   }
   for (int i = 0; i < 2 && !shapes; i++) {

@@ -25,6 +25,16 @@ static bool utf8_ok(const char *s) {
   return j != NULL;
 }
 
+void kvl_fingerprint_of_shape(struct kvl_model_fingerprint *fp, int32_t n_layer, int32_t n_kv_head, int32_t head_dim,
+                              double rope_theta, const char *name) {
+  memset(fp, 0, sizeof(*fp));
+  snprintf(fp->architecture, sizeof(fp->architecture), "qwen2");
+  fp->n_layer = n_layer, fp->n_kv_head = n_kv_head, fp->head_dim = head_dim, fp->rope_theta = rope_theta;
+  snprintf(fp->rope_scaling, sizeof(fp->rope_scaling), "none");
+  snprintf(fp->tokenizer_hash, sizeof(fp->tokenizer_hash), "0");
+  snprintf(fp->name, sizeof(fp->name), "%s", name ? name : "");
+}
+
 int kvl_fingerprint_validate(const struct kvl_model_fingerprint *fp, char *err, size_t errlen) {
   KVL_ASSERT(fp);
   if (!str_ok(fp->architecture, sizeof(fp->architecture)))

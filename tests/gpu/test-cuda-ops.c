@@ -149,15 +149,6 @@ static void test_attention(void) {
  * 1.5B: 28 layers, 2 of 128), nu = 4 with consecutive and scattered sources, applied by the
  * GPU and by the CPU (fp32) to the same span: the written rows within bf16's precision
  * (products from bf16 inputs), every other byte of the target pool untouched. */
-static void tr_fp(struct kvl_model_fingerprint *f, int n_layer, int head_dim) {
-  memset(f, 0, sizeof(*f));
-  snprintf(f->architecture, sizeof(f->architecture), "qwen2");
-  f->n_layer = n_layer, f->n_kv_head = 2, f->head_dim = head_dim, f->rope_theta = 1e6;
-  snprintf(f->rope_scaling, sizeof(f->rope_scaling), "none");
-  snprintf(f->tokenizer_hash, sizeof(f->tokenizer_hash), "0123abcd");
-  snprintf(f->name, sizeof(f->name), "shape of a %d-layer model", n_layer);
-}
-
 static void tr_set_maps(kvl_translator_t *t, int n_src, int n_dst, int64_t ws, int64_t wd, float scale) {
   const int nu = 4;
   const int64_t rows = nu * ws + 1;
@@ -258,8 +249,8 @@ static void tr_case(kvl_translator_t *t, enum kvl_kv_dtype dt, int n, int dst0, 
 
 static void test_translate(void) {
   struct kvl_model_fingerprint fs, fd;
-  tr_fp(&fs, 24, 64);
-  tr_fp(&fd, 28, 128);
+  kvl_fingerprint_of_shape(&fs, 24, 2, 64, 1e6, "the 0.5B's shape");
+  kvl_fingerprint_of_shape(&fd, 28, 2, 128, 1e6, "the 1.5B's shape");
   kvl_translator_t *t;
   char err[256];
   CHECK_EQ_INT(kvl_translator_new(&fs, &fd, true, &t, err, sizeof(err)), 0);

@@ -96,6 +96,12 @@ struct kvl_model_fingerprint {
   char name[KVL_FP_NAME_LEN];             /* human-readable (general.name); not compared */
 };
 
+/* A qwen2 fingerprint from shapes alone (no model file): RoPE scaling "none", tokenizer
+ * hash "0", `name` as given. For tools and tests that make translators of a model's shape
+ * (bench-translate --shapes, the GPU checks). */
+void kvl_fingerprint_of_shape(struct kvl_model_fingerprint *fp, int32_t n_layer, int32_t n_kv_head, int32_t head_dim,
+                              double rope_theta, const char *name);
+
 /* n_kv_head · head_dim: the width of one layer's K (or V) row. */
 int64_t kvl_fingerprint_kv_width(const struct kvl_model_fingerprint *fp);
 
