@@ -65,7 +65,6 @@ const char *kvl_bench_model_name(const char *path);
  * $KVLINGO_MODELS (default ~/.cache/kvlingo/models). */
 void kvl_bench_model_path(const char *size, char *buf, size_t len);
 
-
 typedef struct kvl_bench_report kvl_bench_report_t;
 
 /* A report for benchmark `name` (the file stem); argv is recorded as "command".
