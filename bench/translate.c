@@ -136,9 +136,6 @@ int main(int argc, char **argv) {
     kvl_rope_init(&rope[i], fp[i].head_dim, (float)fp[i].rope_theta);
   }
   for (int i = 0; i < 2 && !shapes; i++) {
-    rope[i] = *kvl_model_rope(NULL); /* replaced below */
-  }
-  for (int i = 0; i < 2 && !shapes; i++) {
     char *p = model_path(files[i]);
     if (kvl_model_open(p, &m[i], err, sizeof(err)) < 0 ||
         kvl_fingerprint_from_gguf(kvl_model_gguf(m[i]), &fp[i], err, sizeof(err)) < 0) {
