@@ -12,7 +12,7 @@
 #include "daemon.h"
 #include "kvl_error.h"
 
-static void model_defaults(struct kvld_model_cfg *m) {
+void kvld_model_cfg_default(struct kvld_model_cfg *m) {
   memset(m, 0, sizeof(*m));
   snprintf(m->kv_dtype, sizeof(m->kv_dtype), "bf16");
   m->hot_bytes = 1024ll << 20;
@@ -38,7 +38,7 @@ void kvld_config_defaults(struct kvld_config *c, const char *source_root) {
   static const char *const pair[2][2] = {{"qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"},
                                          {"qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"}};
   for (int i = 0; i < 2; i++) {
-    model_defaults(&c->models[i]);
+    kvld_model_cfg_default(&c->models[i]);
     snprintf(c->models[i].name, sizeof(c->models[i].name), "%s", pair[i][0]);
     snprintf(c->models[i].path, sizeof(c->models[i].path), "%s", pair[i][1]);
   }
@@ -318,7 +318,7 @@ static void walk_root(struct walk *w, yaml_node_t *n, struct kvld_config *c) {
           break;
         }
         struct kvld_model_cfg *m = &c->models[c->n_models++];
-        model_defaults(m);
+        kvld_model_cfg_default(m);
         walk_map(w, yaml_document_get_node(w->doc, *it), mp, walk_model_key, m);
       }
       continue;

@@ -277,6 +277,8 @@ bool kvld_model_live(const struct kvld *d, int i);
 
 /* ---- models (model.c) and their administration (admin.c) ------------------------------- */
 
+/* A model entry's defaults (config.c: the file's entries start from them too): bf16 KV,
+ * 1 GiB hot, 2 GiB cold, no disk tier, max_model_len 8192, the CPU backend. */
 void kvld_model_cfg_default(struct kvld_model_cfg *c);
 /* Open the file, tokenizer and template into m (no loop or engine state: runs on a worker
  * thread). On failure m holds nothing. */

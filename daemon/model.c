@@ -17,15 +17,6 @@ double kvld_now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-void kvld_model_cfg_default(struct kvld_model_cfg *c) {
-  memset(c, 0, sizeof(*c));
-  snprintf(c->kv_dtype, sizeof(c->kv_dtype), "bf16");
-  c->hot_bytes = 1024ll << 20;
-  c->cold_bytes = 2048ll << 20;
-  c->max_model_len = 8192;
-  snprintf(c->backend, sizeof(c->backend), "cpu");
-}
-
 int kvld_model_open(struct kvld_model *m, const struct kvld_model_cfg *mc, char *err, size_t errlen) {
   if (!strcmp(mc->backend, "cuda")) { /* before the weights are read: a machine without a GPU says so at once */
     char why[256];

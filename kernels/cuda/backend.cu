@@ -24,6 +24,7 @@
 
 extern "C" {
 #include "kvl_error.h"
+#include "kvl_quant.h" /* kvl_fp32_to_bf16: the rounding the CPU's bf16 paths use */
 }
 
 void kvl__cuda_fail(const char *what, cudaError_t e, const char *file, int line) {
@@ -166,13 +167,6 @@ static void release_pack(struct kvl_wpack *p) {
   p->impl = NULL, p->bytes = 0, p->owner = NULL, p->release = NULL;
 }
 
-static inline uint16_t to_bf16(float f) { /* round to nearest even; NaN stays NaN */
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
 static void make_dweight(const struct kvl_weight *w, struct dweight *d) {
   const size_t rb = kvl_row_size(w->type, (uint64_t)w->cols);
   float *row = (float *)malloc((size_t)w->cols * sizeof(float));
@@ -180,7 +174,7 @@ static void make_dweight(const struct kvl_weight *w, struct dweight *d) {
   KVL_ASSERT(row && hb);
   for (int64_t r = 0; r < w->rows; r++) {
     KVL_ASSERT(kvl_dequant_row_ref(w->type, (const uint8_t *)w->data + (size_t)r * rb, row, w->cols) == 0);
-    for (int64_t c = 0; c < w->cols; c++) hb[(size_t)r * (size_t)w->cols + (size_t)c] = to_bf16(row[c]);
+    for (int64_t c = 0; c < w->cols; c++) hb[(size_t)r * (size_t)w->cols + (size_t)c] = kvl_fp32_to_bf16(row[c]);
   }
   d->w = (__nv_bfloat16 *)upload(hb, (size_t)w->rows * (size_t)w->cols * sizeof(uint16_t));
   d->bias = w->bias ? (float *)upload(w->bias, (size_t)w->rows * sizeof(float)) : NULL;
@@ -494,7 +488,7 @@ static struct tr_dev_maps *tr_maps_make(const struct kvl_tr_args *a, int64_t ws,
     const size_t cnt = (size_t)m->nu * (size_t)ws * (size_t)wd;
     uint16_t *h = (uint16_t *)malloc(cnt * sizeof(uint16_t));
     KVL_ASSERT(h);
-    for (size_t j = 0; j < cnt; j++) h[j] = to_bf16(m->w[j]);
+    for (size_t j = 0; j < cnt; j++) h[j] = kvl_fp32_to_bf16(m->w[j]);
     d->w[i] = (__nv_bfloat16 *)kvl__cuda_alloc(cnt * sizeof(uint16_t));
     if (m->bias) d->bias[i] = (float *)kvl__cuda_alloc((size_t)wd * sizeof(float));
     if (!d->w[i] || (m->bias && !d->bias[i])) {

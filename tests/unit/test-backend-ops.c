@@ -338,6 +338,29 @@ static bool one_token_case(size_t c, uint32_t *type, int64_t *K) {
   return !(*K % 256 && (*type == KVL_TYPE_Q4_K || *type == KVL_TYPE_Q6_K));
 }
 
+/* T tokens' int8 activations of width K (random x, quantised by `quant`) as the decode
+ * kernels take them: codes xq, scales xd, sums of 16 xs, the Q4_K factors xf where
+ * K % 256 == 0; xp, the reordered codes, is left for the caller (kvl__q8_order). */
+struct q8_acts {
+  float *x, *xd, *xf;
+  int8_t *xq, *xp;
+  int32_t *xs;
+};
+typedef void (*q8_quant_fn)(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
+static struct q8_acts q8_acts_new(int T, int64_t K, q8_quant_fn quant) {
+  struct q8_acts a = {malloc((size_t)T * K * 4), malloc((size_t)T * (K / 32) * 4), malloc((size_t)T * (K / 16) * 4),
+                      malloc((size_t)T * K), malloc((size_t)T * K), malloc((size_t)T * (K / 16) * 4)};
+  fill(a.x, (size_t)T * K, 1.0f);
+  for (int t = 0; t < T; t++) {
+    quant(a.x + t * K, K, a.xq + t * K, a.xd + t * (K / 32), a.xs + t * (K / 16));
+    if (K % 256 == 0) kvl__q4_k_act_factors(a.xd + t * (K / 32), a.xs + t * (K / 16), K, a.xf + t * (K / 16));
+  }
+  return a;
+}
+static void q8_acts_free(struct q8_acts *a) {
+  free(a->x), free(a->xd), free(a->xf), free(a->xq), free(a->xp), free(a->xs);
+}
+
 static void test_qdot_vec(void) {
   kvl_backend_t *be = kvl_backend_cpu_level("avx512vnni");
   if (!be) { printf("  (no AVX-512 VNNI: skipped)\n"); return; }
@@ -389,15 +412,11 @@ static void test_qdot_vec(void) {
     if (!one_token_case(c, &tc, &K)) continue;
     void *wd = make_weight(tc, R, K);
     const size_t rb = kvl_row_size(tc, K);
-    float *x = malloc((size_t)K * 4);
-    fill(x, (size_t)K, 1.0f);
-    int8_t *xq = malloc((size_t)K), *xp = malloc((size_t)K);
-    float *xd = malloc((size_t)(K / 32) * 4);
-    int32_t *xs = malloc((size_t)(K / 16) * 4);
-    kvl__q8_act(x, K, xq, xd, xs);
+    struct q8_acts ac = q8_acts_new(1, K, kvl__q8_act);
+    int8_t *xq = ac.xq, *xp = ac.xp;
+    float *xd = ac.xd, *xf = ac.xf;
+    int32_t *xs = ac.xs;
     CHECK_EQ_INT(kvl__q8_order(tc, xq, K, xp), tc == KVL_TYPE_Q4_K || tc == KVL_TYPE_Q5_0);
-    float *xf = malloc((size_t)(K / 16) * 4);
-    if (tc == KVL_TYPE_Q4_K) kvl__q4_k_act_factors(xd, xs, K, xf);
     for (int r = 0; r < R; r++) {
       const uint8_t *row = (const uint8_t *)wd + (size_t)r * rb;
       float a, b;
@@ -406,7 +425,8 @@ static void test_qdot_vec(void) {
       if (tc != KVL_TYPE_Q4_K && tc != KVL_TYPE_Q5_0) CHECK(a == b);
       worst1 = fmax(worst1, fabs((double)a - b) / (fabs((double)a) + 1.0));
     }
-    free(x); free(xq); free(xp); free(xf); free(xd); free(xs); free(wd);
+    q8_acts_free(&ac);
+    free(wd);
   }
   printf("  one token, reordered-activation kernels vs natural order: worst relative difference %.2e\n", worst1);
   CHECK(worst1 < 1e-5);
@@ -443,14 +463,10 @@ static void test_qdot1_avx2(void) {
     if (!one_token_case(c, &ty, &K)) continue;
     void *wd = make_weight(ty, R, K);
     const size_t rb = kvl_row_size(ty, K);
-    float *x = malloc((size_t)T * K * 4), *xd = malloc((size_t)T * (K / 32) * 4), *xf = malloc((size_t)T * (K / 16) * 4);
-    int8_t *xq = malloc((size_t)T * K);
-    int32_t *xs = malloc((size_t)T * (K / 16) * 4);
-    fill(x, (size_t)T * K, 1.0f);
-    for (int t = 0; t < T; t++) {
-      kvl__q8_act_avx2(x + t * K, K, xq + t * K, xd + t * (K / 32), xs + t * (K / 16));
-      if (K % 256 == 0) kvl__q4_k_act_factors(xd + t * (K / 32), xs + t * (K / 16), K, xf + t * (K / 16));
-    }
+    struct q8_acts ac = q8_acts_new(T, K, kvl__q8_act_avx2);
+    const int8_t *xq = ac.xq;
+    const float *xd = ac.xd, *xf = ac.xf;
+    const int32_t *xs = ac.xs;
     const float *f = ty == KVL_TYPE_Q4_K ? xf : NULL;
     /* the row loop: every row the bits qdot1 gives it, plus its bias */
     float yr[R], bias[R];
@@ -472,7 +488,8 @@ static void test_qdot1_avx2(void) {
         worst = fmax(worst, fabs((double)a[t] - b[t]) / (fabs((double)a[t]) + 1.0));
       }
     }
-    free(x); free(xd); free(xf); free(xq); free(xs); free(wd);
+    q8_acts_free(&ac);
+    free(wd);
   }
   printf("  AVX2 one-token kernels vs the several-token kernel: worst relative difference %.2e\n", worst);
   CHECK(worst < 1e-4); /* as the vector-scale kernels: offsets cancel large sums, rounding shows at ~1e-5 */

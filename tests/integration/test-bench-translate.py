@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""test-bench-translate.py — bench-translate at 64 positions in both directions of the pair:
+with --shapes (no model files: the pair's shapes, a random translator) or on the real
+models; the rows it writes (shared/BENCH-FORMAT.md), and a bad --backend refused with the
+usage status and no result file.
+
+usage: test-bench-translate.py BENCH_TRANSLATE shapes|real
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+bad = 0
+
+
+def check(cond, what):
+    global bad
+    print(("ok   " if cond else "FAIL ") + what)
+    bad += 0 if cond else 1
+
+
+def main():
+    exe, mode = sys.argv[1], sys.argv[2]
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    extra = ["--shapes"] if mode == "shapes" else []
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out")
+        r = subprocess.run([exe, *extra, "--max", "64", "-r", "2", "--precision", "fp32", "--out", out],
+                           capture_output=True, text=True, env=env)
+        check(r.returncode == 0, f"{mode}: 64 positions each way (rc {r.returncode}) {r.stderr[-500:] if r.returncode else ''}")
+        rows = json.load(open(os.path.join(out, "translate.json")))["results"] if r.returncode == 0 else []
+        pairs = sorted(x["model"] for x in rows)
+        check(pairs == ["qwen2.5-coder-0.5b->qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b->qwen2.5-coder-0.5b"],
+              f"{mode}: one row per direction: {pairs}")
+        for x in rows:
+            check(x["test"] == "translate-64" and x["unit"] == "ms" and x["value"] > 0 and x["runs"] == 2
+                  and x["precision"] == "fp32" and x["gflops"] > 0,
+                  f"{mode}: {x['model']}: translate-64, 2 runs, {x['value']:.3f} ms, {x['gflops']:.1f} GFLOP/s")
+            check((x.get("models") == "shapes only (--shapes)") == (mode == "shapes"),
+                  f"{mode}: the row says whether the models were shapes only ({x.get('models')})")
+        out2 = os.path.join(d, "out2")
+        r = subprocess.run([exe, *extra, "--backend", "tpu", "--out", out2], capture_output=True, text=True, env=env)
+        check(r.returncode == 2 and "--backend is cpu or cuda, not 'tpu'" in r.stderr and not os.path.exists(out2),
+              f"{mode}: --backend tpu refused with status 2 and no results ({r.stderr.strip()})")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
