@@ -12,13 +12,10 @@ import subprocess
 import sys
 import tempfile
 
-bad = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks  # noqa: E402
 
-
-def check(cond, what):
-    global bad
-    print(("ok   " if cond else "FAIL ") + what)
-    bad += 0 if cond else 1
+check = Checks()
 
 
 def main():
@@ -44,7 +41,7 @@ def main():
         r = subprocess.run([exe, *extra, "--backend", "tpu", "--out", out2], capture_output=True, text=True, env=env)
         check(r.returncode == 2 and "--backend is cpu or cuda, not 'tpu'" in r.stderr and not os.path.exists(out2),
               f"{mode}: --backend tpu refused with status 2 and no results ({r.stderr.strip()})")
-    sys.exit(1 if bad else 0)
+    sys.exit(1 if check.failed else 0)
 
 
 if __name__ == "__main__":
