@@ -83,8 +83,7 @@ struct kvl_pool {
   int32_t *blk_free;
   int32_t n_blk_free;
   struct lru hot_lru, cold_lru, disk_lru;
-  int disk_fd;                    /* the disk tier's file (unlinked at free), or -1 */
-  char *disk_path;
+  int disk_fd;                    /* the disk tier's file (unlinked when opened), or -1 */
   int32_t n_disk, n_disk_free;
   int32_t *disk_owner, *disk_free;
   struct kvl_diskio io;           /* the disk tier's I/O thread (when there is a disk tier) */

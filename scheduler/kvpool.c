@@ -329,11 +329,16 @@ int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out) {
   size_t nd = c->disk_path && c->disk_bytes ? c->disk_bytes / p->bb : 0;
   if (nd > INT32_MAX / 2) nd = INT32_MAX / 2;
   if (nd) {
+    /* unlinked as soon as it is open: the tier is this process's scratch (what survives a
+     * restart is the shutdown snapshot, kvl_pool_save), so a process that dies without
+     * freeing the pool (the OOM killer, SIGKILL) leaves no file behind, and a second one
+     * given the same path (two daemons with one pid in different containers, one volume)
+     * gets a file of its own instead of truncating a live one */
     p->disk_fd = open(c->disk_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    p->disk_path = strdup(c->disk_path);
+    if (p->disk_fd >= 0) unlink(c->disk_path);
     p->disk_owner = malloc(nd * sizeof(int32_t));
     p->disk_free = malloc(nd * sizeof(int32_t));
-    if (p->disk_fd < 0 || !p->disk_path || !p->disk_owner || !p->disk_free) {
+    if (p->disk_fd < 0 || !p->disk_owner || !p->disk_free) {
       int rc = p->disk_fd < 0 ? KVL_EIO : KVL_ENOMEM;
       kvl_pool_free(p);
       return rc;
@@ -362,11 +367,7 @@ void kvl_pool_free(kvl_pool_t *p) {
   free(p->hot_free);
   free(p->cold_owner);
   free(p->cold_free);
-  if (p->disk_fd >= 0) {
-    close(p->disk_fd);
-    unlink(p->disk_path);
-  }
-  free(p->disk_path);
+  if (p->disk_fd >= 0) close(p->disk_fd);
   free(p->disk_owner);
   free(p->disk_free);
   free(p->blk);

@@ -64,7 +64,7 @@ struct kvl_pool_config {
   size_t hot_bytes;   /* hot arena budget: floor(hot_bytes / block bytes) blocks, >= 1 */
   size_t cold_bytes;  /* host-copy budget (0: no cold tier, eviction drops) */
   size_t disk_bytes;  /* spill-file budget behind the cold tier (0: none) */
-  const char *disk_path; /* the spill file (created 0600, truncated, removed at free) */
+  const char *disk_path; /* the spill file (created 0600, truncated, unlinked once open: no name while in use) */
   int32_t disk_writeback_blocks; /* write-behind buffers for the disk tier (0: KVL_DISK_WRITEBACK_DEFAULT) */
 };
 

@@ -492,6 +492,26 @@ lg3 = open(log3).read()
 check('"snapshot_discarded"' in lg3 and out3 == ref and u3.cached_native_tokens == 0,
       f"restart: a damaged snapshot is discarded with a warning and the daemon serves from scratch "
       f"({u3.cached_native_tokens} cached)")
+# killed outright (the OOM killer, SIGKILL): no snapshot is written and no disk-tier file is
+# left behind (the tier's file is unlinked as soon as it is open); the next start loads the
+# snapshot of the last clean shutdown
+pk, sk, _ = launch("rk")
+ask(sk)
+fd_dir = f"/proc/{pk.pid}/fd"
+held = [os.readlink(os.path.join(fd_dir, f)) for f in os.listdir(fd_dir)]
+named = [f for f in os.listdir(spill_dir) if f.endswith(".kv")]
+pk.kill()
+pk.wait(timeout=60)
+left = [f for f in os.listdir(spill_dir) if f.endswith(".kv")]
+p6, s6, log6 = launch("r6")
+out6, u6 = ask(s6)
+p6.send_signal(signal.SIGTERM)
+p6.wait(timeout=120)
+check(any(h.endswith(f".{pk.pid}.kv (deleted)") for h in held) and not named and not left,
+      f"SIGKILL: the running daemon's disk tiers have no name in spill_dir ({named}) and none is left "
+      f"after a kill ({left})")
+check(out6 == ref and u6.cached_native_tokens >= 64 and '"snapshot_loaded"' in open(log6).read(),
+      f"SIGKILL: the next start serves from the last clean shutdown's snapshot ({u6.cached_native_tokens} cached)")
 # a spill directory that does not exist yet, and no disk tier that would have made it: the
 # daemon creates it at start, so the shutdown snapshot has somewhere to go
 fresh_spill = os.path.join(tempfile.mkdtemp(prefix="kvl-spill-"), "not", "yet")

@@ -2,6 +2,7 @@
  * copy on write, eviction to the cold tier and back, offload/restore bit-exactness,
  * clean refusal when full, and a randomized stress run with the sanity checker after
  * every operation and every line's data verified. */
+#include <dirent.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -395,6 +396,22 @@ static kvl_pool_t *disk_pool_48(int32_t writeback, int32_t *toks, int32_t *other
   return p;
 }
 
+/* The disk tier's open file, found among this process's descriptors by the name it had
+ * (the pool unlinks it once open: "/tmp/... (deleted)"), or -1. */
+static int disk_fd(void) {
+  char want[sizeof(g_disk) + 16], link[256], path[300];
+  snprintf(want, sizeof(want), "%s (deleted)", g_disk);
+  DIR *d = opendir("/proc/self/fd");
+  int fd = -1;
+  for (struct dirent *e; d && fd < 0 && (e = readdir(d));) {
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    const ssize_t n = readlink(path, link, sizeof(link) - 1);
+    if (n > 0 && (link[n] = 0, strcmp(link, want) == 0)) fd = atoi(e->d_name);
+  }
+  if (d) closedir(d);
+  return fd;
+}
+
 /* hot -> cold -> disk and back, bit-exact, the disk I/O on the pool's I/O thread: attach
  * stops at a block on disk until kvl_pool_prefetch has read it back (or takes it from the
  * write-behind while its write is in flight); an unreadable block, or one whose write
@@ -446,15 +463,18 @@ static void test_disk_tier(void) {
   CHECK(rounds <= 1); /* the reads asked for above were all there was to wait for */
   /* again to disk, then the file is cut: the unreadable block and what follows are not used */
   push_down(p, other);
-  CHECK_EQ_INT(truncate(g_disk, 0), 0);
+  const int fd = disk_fd();
+  CHECK(fd >= 0);
+  CHECK_EQ_INT(ftruncate(fd, 0), 0);
   for (int i = 0; i < 4 && kvl_pool_prefetch(p, toks, 48, KVL_REUSE_NATIVE_ONLY) > 0; i++) kvl_pool_io_drain(p);
   CHECK(attach48(p, toks) < 48);
   kvl_pool_stats(p, &st);
   CHECK(st.disk_errors >= 1);
   struct stat sb;
-  CHECK(stat(g_disk, &sb) == 0 && (sb.st_mode & 0777) == 0600);
+  CHECK(fstat(fd, &sb) == 0 && (sb.st_mode & 0777) == 0600);
+  CHECK(stat(g_disk, &sb) != 0); /* no name while in use: a crash leaves nothing behind */
   kvl_pool_free(p);
-  CHECK(stat(g_disk, &sb) != 0); /* removed with the pool */
+  CHECK(disk_fd() < 0); /* closed with the pool */
 }
 
 /* A write that fails (the file may not grow: RLIMIT_FSIZE) drops its block when the I/O

@@ -196,7 +196,7 @@ static void test_disk_prefix(void) {
   CHECK(o->n[0] == 8 && o->n[3] == 8 && !memcmp(o->toks[0], o->toks[3], sizeof(int32_t) * 8));
   kvl_sched_free(s);
   struct stat sb;
-  CHECK(stat(g_disk, &sb) != 0); /* the disk tier's file goes with its pool */
+  CHECK(stat(g_disk, &sb) != 0); /* the disk tier's file has no name (unlinked once open) */
   free(o);
   kvl_model_free(m);
   free(buf);
