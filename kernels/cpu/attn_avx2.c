@@ -138,7 +138,10 @@ void kvl__attention_avx2(const struct kvl_attn_args *a) {
           __m256 s0 = _mm256_blendv_ps(ninf, _mm256_mul_ps(scores8(q, kb, d), sc), vis0);
           __m256 s1 = nv > 8 ? _mm256_blendv_ps(ninf, _mm256_mul_ps(scores8(q, kb + 8 * d, d), sc), vis1) : ninf;
           const float bm = hmax8(_mm256_max_ps(s0, s1)), nm = bm > m[i] ? bm : m[i];
-          const float corr = expf(m[i] - nm); /* exp(-inf) = 0 on the first block */
+          /* exp(-inf) = 0 on the first block; a maximum that did not move needs no expf (exp(0)
+           * is 1 exactly, so the bits are the same): at depth the running maximum settles early,
+           * and expf per row and block was 5.5 % of the 0.5B's 8k prefill on a Zen 2 (perf) */
+          const float corr = nm == m[i] ? 1.0f : expf(m[i] - nm);
           const __m256 vm = _mm256_set1_ps(nm);
           __m256 p0 = _mm256_and_ps(vis0, kvl__exp256(_mm256_sub_ps(s0, vm)));
           __m256 p1 = _mm256_and_ps(vis1, kvl__exp256(_mm256_sub_ps(s1, vm)));
