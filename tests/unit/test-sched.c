@@ -194,9 +194,9 @@ static void test_disk_prefix(void) {
   CHECK_EQ_INT(o->usage[3].cached_native, 64);
   CHECK(st.restored_from_disk >= 4 && st.disk_errors == 0);
   CHECK(o->n[0] == 8 && o->n[3] == 8 && !memcmp(o->toks[0], o->toks[3], sizeof(int32_t) * 8));
-  kvl_sched_free(s);
   struct stat sb;
-  CHECK(stat(g_disk, &sb) != 0); /* the disk tier's file has no name (unlinked once open) */
+  CHECK(stat(g_disk, &sb) != 0); /* in use, the disk tier's file has no name (unlinked once open) */
+  kvl_sched_free(s);
   free(o);
   kvl_model_free(m);
   free(buf);
