@@ -42,7 +42,6 @@ void kvl__cu_attention(const float *q, float *out, const int32_t *pos, const int
                        int max_blocks, const void *blocks, int n_tokens, int n_head, int n_kv_head, int head_dim,
                        bool bf16, float scale, cudaStream_t st);
 
-
 /* Translation (the span's blocks staged on the device in local order; ops.cu explains) */
 struct kvl__cu_kv_geom {
   int n_kv_head, head_dim, bf16;

@@ -495,6 +495,7 @@ check('"snapshot_discarded"' in lg3 and out3 == ref and u3.cached_native_tokens 
 # killed outright (the OOM killer, SIGKILL): no snapshot is written and no disk-tier file is
 # left behind (the tier's file is unlinked as soon as it is open); the next start loads the
 # snapshot of the last clean shutdown
+snap_before = os.stat(snap).st_mtime_ns
 pk, sk, _ = launch("rk")
 ask(sk)
 fd_dir = f"/proc/{pk.pid}/fd"
@@ -503,6 +504,7 @@ named = [f for f in os.listdir(spill_dir) if f.endswith(".kv")]
 pk.kill()
 pk.wait(timeout=60)
 left = [f for f in os.listdir(spill_dir) if f.endswith(".kv")]
+check(os.stat(snap).st_mtime_ns == snap_before, "SIGKILL: the killed daemon wrote no snapshot (the file is untouched)")
 p6, s6, log6 = launch("r6")
 out6, u6 = ask(s6)
 p6.send_signal(signal.SIGTERM)
