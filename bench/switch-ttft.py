@@ -14,6 +14,11 @@ history length C and direction S -> T, per run:
       the C positions from S's line, prefills the turn and decodes its first token;
   reprefill:  a fresh history of the same length + the turn, sent to T with
       `reprefill` set: everything computed natively by T (nothing cached).
+With --chain (for long histories, whose writing costs as much as a re-prefill) the
+directions take turns and each re-prefill carries a conversation id: what it wrote natively
+into T is the next switch's history, from T to S, so no history is written just for the
+benchmark after the first. The switch request then differs from that transcript from
+position C on, as it does from S's own one-token answer without --chain.
 TTFT = from sending the request to the first streamed token, at the client. Medians over
 the runs; every run uses fresh tokens after a first <|im_start|> (as a chat transcript
 starts: both sides reuse that position's K/V, which depends on the token alone), so no
@@ -60,6 +65,9 @@ def main():
     ap.add_argument("--directions", default="small-to-large,large-to-small")
     ap.add_argument("--translation-precision", default="auto", choices=["auto", "bf16", "fp32"],
                     help="the daemon's translation_precision (auto: bf16 products where the processor has a bf16 GEMM)")
+    ap.add_argument("--chain", action="store_true",
+                    help="both directions in turn, each re-prefill (into T, under a new conversation id) being the "
+                         "next switch's history (T -> S): long histories are written once, not twice per run")
     ap.add_argument("--append", action="store_true",
                     help="keep the results already in the output file for other history lengths")
     ap.add_argument("--render-only", action="store_true", help="rewrite the table and plot from the JSON; measure nothing")
@@ -131,27 +139,42 @@ def main():
     for model in (small, large):  # untimed: first products repack weights (the bf16 level), fault pages in
         ttft(model, history(64), reprefill=True)  # with --system: also leaves the system prompt in its prefix cache
     results = []
+    names = a.directions.split(",")
+    if a.chain and sorted(names) != ["large-to-small", "small-to-large"]:
+        sys.exit("--chain needs both directions")
     for C in contexts:
-        for name in a.directions.split(","):
+        runs = {name: ([], [], [], [], [None]) for name in names}  # translated, reprefill, translation, daemon ttft, usage
+        held = None  # --chain: (conversation, tokens) the next switch's source holds natively
+        for k, name in [(k, n) for k in range(a.runs) for n in names] if a.chain else \
+                [(k, n) for n in names for k in range(a.runs)]:
             S, T = dirs[name]
-            tr, rp, tx, sv, usage = [], [], [], [], None
-            for k in range(a.runs):
+            tr, rp, tx, sv, usage = runs[name]
+            if held is None:
                 conv = f"bench-{C}-{name}-{k}-{rng.randrange(1 << 30)}"
                 hist = history(C)
                 ttft(S, hist, conv)  # S writes the history natively (not timed)
-                time.sleep(think / 1e3)
-                ms, last = ttft(T, hist + fresh(a.turn), conv)
-                tr.append(ms)
-                tx.append(last.timings.translation_seconds * 1e3)
-                sv.append(last.timings.time_to_first_token_seconds * 1e3)
-                usage = last.usage
-                time.sleep(think / 1e3)
-                ms2, last2 = ttft(T, history(C) + fresh(a.turn), reprefill=True)
-                rp.append(ms2)
-                print(f"  {S} -> {T}, {C} tokens: translated {ms:.0f} ms (daemon: {sv[-1]:.0f} ms, of which translation "
-                      f"{tx[-1]:.0f} ms, queue {last.timings.queue_seconds * 1e3:.0f} ms; {usage.translated_tokens} translated, "
-                      f"{usage.prefilled_tokens} prefilled, {usage.cached_native_tokens} cached), reprefill {ms2:.0f} ms "
-                      f"({last2.usage.prefilled_tokens} prefilled, {last2.usage.cached_native_tokens} cached)", flush=True)
+            else:
+                conv, hist = held
+            time.sleep(think / 1e3)
+            ms, last = ttft(T, hist + fresh(a.turn), conv)
+            tr.append(ms)
+            tx.append(last.timings.translation_seconds * 1e3)
+            sv.append(last.timings.time_to_first_token_seconds * 1e3)
+            usage[0] = last.usage
+            time.sleep(think / 1e3)
+            conv2, full = f"bench-{C}-{name}-{k}-rp-{rng.randrange(1 << 30)}", history(C) + fresh(a.turn)
+            ms2, last2 = ttft(T, full, conv2 if a.chain else "", reprefill=True)
+            rp.append(ms2)
+            if a.chain:  # T now holds `full` natively: its first C tokens are the other direction's next history
+                held = (conv2, full[:C])
+            print(f"  {S} -> {T}, {C} tokens: translated {ms:.0f} ms (daemon: {sv[-1]:.0f} ms, of which translation "
+                  f"{tx[-1]:.0f} ms, queue {last.timings.queue_seconds * 1e3:.0f} ms; {usage[0].translated_tokens} "
+                  f"translated, {usage[0].prefilled_tokens} prefilled, {usage[0].cached_native_tokens} cached), "
+                  f"reprefill {ms2:.0f} ms ({last2.usage.prefilled_tokens} prefilled, "
+                  f"{last2.usage.cached_native_tokens} cached)", flush=True)
+        for name in names:
+            S, T = dirs[name]
+            tr, rp, tx, sv, (usage,) = runs[name]
             ratios = [r / t for r, t in zip(rp, tr)]
             results.append({"model": T, "test": "switch-ttft", "direction": f"{S}->{T}", "context_tokens": C,
                             "turn_tokens": a.turn, "reprefill_ms": round(statistics.median(rp), 1),
@@ -165,7 +188,7 @@ def main():
                             "translated_positions": usage.translated_tokens,
                             "prefilled_positions": usage.prefilled_tokens, "native_head": a.native_head,
                             "system_tokens": a.system, "cached_positions": usage.cached_native_tokens,
-                            "warm_head": a.warm_head, "think_ms": think,
+                            "warm_head": a.warm_head, "think_ms": think, "chained": a.chain,
                             "cpu_level": os.environ.get("KVL_CPU") or "auto", "translation_precision": precision,
                             "measured_at": "gRPC client"})
     d.terminate()
