@@ -708,7 +708,11 @@ static void handle(struct call *c) {
     for (int i = 0; i < d->n_models; i++) {
       if (!kvld_model_live(d, i)) continue;
       const char *bn = kvl_backend_name(d->models[i].be ? d->models[i].be : kvl_backend_cpu());
-      if (strstr(backends, bn)) continue;
+      bool seen = false; /* by name, not as a substring of the list: one name may contain another */
+      for (int j = 0; j < i && !seen; j++)
+        seen = kvld_model_live(d, j) &&
+               !strcmp(bn, kvl_backend_name(d->models[j].be ? d->models[j].be : kvl_backend_cpu()));
+      if (seen) continue;
       size_t used = strlen(backends);
       snprintf(backends + used, sizeof(backends) - used, "%s%s", used ? "; " : "", bn);
     }

@@ -389,6 +389,11 @@ check(live[:3] == [(48, pb.FINISH_REASON_LENGTH)] * 3 and live[3] == (40, pb.FIN
       f"admin: no stream failed across load and unload: {live}")
 names = [m.name for m in inf.ListModels(pb.ListModelsRequest(), metadata=md).models]
 check(gone and names == ["small", "large"], f"admin: after UnloadModel the name is gone ({names})")
+si = inf.ServerInfo(pb.ServerInfoRequest(), metadata=md)
+check(si.version and si.uptime_seconds > 0 and [m.name for m in si.models] == ["small", "large"] and
+      si.backend.startswith("cpu") and "; " not in si.backend,  # both models on the CPU: its name once
+      f"ServerInfo: version {si.version!r}, backend {si.backend!r}, up {si.uptime_seconds:.1f} s, "
+      f"models {[m.name for m in si.models]}")
 try:
     admin.UnloadModel(pb.UnloadModelRequest(name="extra"), metadata=amd)
     check(False, "admin: unloading twice accepted")
