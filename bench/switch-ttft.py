@@ -143,7 +143,8 @@ def main():
     if a.chain and sorted(names) != ["large-to-small", "small-to-large"]:
         sys.exit("--chain needs both directions")
     for C in contexts:
-        runs = {name: ([], [], [], [], [None]) for name in names}  # translated, reprefill, translation, daemon ttft, usage
+        # per direction: translated, reprefill, translation, daemon ttft (ms), and the last usage
+        runs = {name: ([], [], [], [], [None]) for name in names}
         held = None  # --chain: (conversation, tokens) the next switch's source holds natively
         for k, name in [(k, n) for k in range(a.runs) for n in names] if a.chain else \
                 [(k, n) for n in names for k in range(a.runs)]:
@@ -162,8 +163,9 @@ def main():
             sv.append(last.timings.time_to_first_token_seconds * 1e3)
             usage[0] = last.usage
             time.sleep(think / 1e3)
-            conv2, full = f"bench-{C}-{name}-{k}-rp-{rng.randrange(1 << 30)}", history(C) + fresh(a.turn)
-            ms2, last2 = ttft(T, full, conv2 if a.chain else "", reprefill=True)
+            full = history(C) + fresh(a.turn)
+            conv2 = f"bench-{C}-{name}-{k}-rp-{rng.randrange(1 << 30)}" if a.chain else ""
+            ms2, last2 = ttft(T, full, conv2, reprefill=True)
             rp.append(ms2)
             if a.chain:  # T now holds `full` natively: its first C tokens are the other direction's next history
                 held = (conv2, full[:C])
