@@ -75,6 +75,8 @@ def main():
     if a.render_only:
         return render(json.load(open(os.path.join(a.out, "switch-ttft.json"))), a)
     contexts = [int(x) for x in a.contexts.split(",")]
+    if a.chain and sorted(a.directions.split(",")) != ["large-to-small", "small-to-large"]:
+        sys.exit("--chain needs both directions")
     think = (1000 if a.warm_head else 0) if a.think_ms is None else a.think_ms
     small, large = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
     need = max(contexts) + a.turn + 64
@@ -140,8 +142,6 @@ def main():
         ttft(model, history(64), reprefill=True)  # with --system: also leaves the system prompt in its prefix cache
     results = []
     names = a.directions.split(",")
-    if a.chain and sorted(names) != ["large-to-small", "small-to-large"]:
-        sys.exit("--chain needs both directions")
     for C in contexts:
         # per direction: translated, reprefill, translation, daemon ttft (ms), and the last usage
         runs = {name: ([], [], [], [], [None]) for name in names}
