@@ -75,6 +75,11 @@ int kvl__qdot1_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t 
  * xf; K a multiple of 64); KVL_ENOTSUP otherwise (run qdot1 per token). */
 int kvl__qdot1n_avx512vnni(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
                            const float *xd, const int32_t *xs, const float *xf, float *out);
+/* One token against a run of rows (the qdot1_rows contract of struct kvl_backend): each
+ * row the bits qdot1 gives it; Q4_K needs xf. */
+int kvl__qdot1_rows_avx512vnni(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t K,
+                               const int8_t *xq, const int8_t *xp, const float *xd, const int32_t *xs,
+                               const float *xf, const float *bias, float *y);
 /* The same for 2..16 tokens with the per-token scales prepared as vectors (K % 64 == 0):
  * sx, cx hold K/4 floats per token (kvl__q8_act_vec from one token's d and s16). */
 void kvl__q8_act_vec(const float *xd, const int32_t *s16, int64_t K, float *sx, float *cx);
@@ -92,7 +97,8 @@ int kvl__qdot_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, co
 int kvl__qdot1_avx2(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp, const float *xd,
                     const int32_t *xs, const float *xf, float *out);
 int kvl__qdot1_rows_avx2(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t K, const int8_t *xq,
-                         const float *xd, const int32_t *xs, const float *xf, const float *bias, float *y);
+                         const int8_t *xp, const float *xd, const int32_t *xs, const float *xf, const float *bias,
+                         float *y);
 int kvl__qdot1n_avx2(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
                      const float *xd, const int32_t *xs, const float *xf, float *out);
 /* The same products on AMX int8 tiles (cpu/qdot_amx.c), a whole matmul at once:
@@ -149,10 +155,11 @@ struct kvl_backend {
   int (*qdot1)(uint32_t type, const void *w, int64_t K, const int8_t *xq, const int8_t *xp, const float *xd,
                const int32_t *xs, const float *xf, float *out);
   /* one token against n_rows consecutive rows (row_bytes apart), each row's result plus
-   * its bias (NULL: none) to y[r], with the bits qdot1 gives that row; natural order only
-   * (no q8_order); nonzero: the format not covered (run qdot1 per row) */
+   * its bias (NULL: none) to y[r], with the bits qdot1 gives that row (xq, xp, xd, xs, xf
+   * as qdot1's); nonzero: the format not covered (run qdot1 per row) */
   int (*qdot1_rows)(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t K, const int8_t *xq,
-                    const float *xd, const int32_t *xs, const float *xf, const float *bias, float *y);
+                    const int8_t *xp, const float *xd, const int32_t *xs, const float *xf, const float *bias,
+                    float *y);
   /* the order qdot1 and qdot1n read a token's codes in, xp (kvl__q8_order); NULL: natural
    * order, xp = xq */
   bool (*q8_order)(uint32_t type, const int8_t *xq, int64_t K, int8_t *xp);

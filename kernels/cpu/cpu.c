@@ -129,15 +129,15 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
    * pieces and decode read the 0.5B's small matrices at ~55 % of the bandwidth. On the
    * Zen 5, tg128 went 66 -> 88 tokens/s (0.5B) and 32 -> 41 (1.5B), back to back. */
   /* one token on a level with a row loop: each thread's contiguous rows in one call */
-  int rows_rc = n_tokens == 1 && be->qdot1_rows && !be->q8_order ? 0 : -1;
+  int rows_rc = n_tokens == 1 && xp && be->qdot1_rows ? 0 : -1;
   if (rows_rc == 0) {
 #pragma omp parallel reduction(| : rows_rc)
     {
       const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
       const int64_t r0 = N * id / nt, r1 = N * (id + 1) / nt;
       if (r1 > r0)
-        rows_rc |= be->qdot1_rows(w->type, (const uint8_t *)w->data + (size_t)r0 * rb, rb, r1 - r0, K, xq, xd, xs, xf,
-                                  w->bias ? w->bias + r0 : NULL, y + r0);
+        rows_rc |= be->qdot1_rows(w->type, (const uint8_t *)w->data + (size_t)r0 * rb, rb, r1 - r0, K, xq, xp, xd, xs,
+                                  xf, w->bias ? w->bias + r0 : NULL, y + r0);
     }
   }
   if (rows_rc != 0) {
@@ -563,7 +563,8 @@ static kvl_backend_t be_avx2_sink = {.name = "cpu-avx2-fp32", .ops = &cpu_ops, .
                                      .row_dots = true};
 #define VNNI_DECODE                                                                                            \
   .q8_act = kvl__q8_act, .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni, .q8_order = kvl__q8_order, \
-  .qdot1n = kvl__qdot1n_avx512vnni, .qdot_vec = kvl__qdot_vec_avx512vnni
+  .qdot1n = kvl__qdot1n_avx512vnni, .qdot1_rows = kvl__qdot1_rows_avx512vnni,                                \
+  .qdot_vec = kvl__qdot_vec_avx512vnni
 static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE};
 /* The same, with batches of 7 or more tokens on the tokens-in-lanes kernel (16 per vector,
  * vpdpbusd: it costs about the same for 4 tokens as for 16); up to 6 the single-token

@@ -418,7 +418,9 @@ int kvl__qdot1n_avx2(uint32_t type, const void *w, int64_t K, int n_tokens, cons
  * instead of per row. The 0.5B's rows are 28 blocks (K = 896): per-row dispatch, the call
  * and the reduction cost about 40 cycles a row, ~15 % of a Q5_0 row's time on a Zen 2. */
 int kvl__qdot1_rows_avx2(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t K, const int8_t *xq,
-                         const float *xd, const int32_t *xs, const float *xf, const float *bias, float *y) {
+                         const int8_t *xp, const float *xd, const int32_t *xs, const float *xf, const float *bias,
+                         float *y) {
+  (void)xp; /* natural order: this level has no q8_order */
   const struct acts a = {xq, xd, xs, K};
   const uint8_t *p = w;
   float v;

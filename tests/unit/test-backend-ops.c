@@ -447,14 +447,15 @@ static void test_qdot_vec(void) {
 /* The AVX2 activation quantiser gives the codes, scales and sums of the definition
  * (d = max|x| / 127, q = x / d rounded to nearest even, sums of 16 codes), as the AVX-512
  * one does: the two int8 levels read the same activations. */
-/* The AVX2 one-token kernels (qdot1: Q4_K on its factors, Q6_K with the group scales in
- * the integer sums) against the several-token kernel (qdot, which reduces each unit to a
- * scalar first); qdot1n's tokens and qdot1_rows' rows (with a bias) bit for bit against
- * qdot1's: 4 formats, the 1.5B's
- * width and the 0.5B's (a partial 8-block group) */
-static void test_qdot1_avx2(void) {
-  kvl_backend_t *be = kvl_backend_cpu_level("avx2int8");
-  if (!be) { printf("  (no AVX2: skipped)\n"); return; }
+/* The one-token kernels (qdot1; on AVX2 Q4_K on its factors, Q6_K with the group scales
+ * in the integer sums) against the several-token kernel (qdot, which reduces each unit to
+ * a scalar first); qdot1n's tokens and qdot1_rows' rows (with a bias) bit for bit against
+ * qdot1's, on the AVX2 and the AVX-512 VNNI levels (the latter with its codes in the
+ * order kvl__q8_order gives): 4 formats, the 1.5B's width and the 0.5B's (a partial
+ * 8-block group) */
+static void test_qdot1_level(const char *level, q8_quant_fn quant) {
+  kvl_backend_t *be = kvl_backend_cpu_level(level);
+  if (!be) { printf("  (no %s: skipped)\n", level); return; }
   enum { R = 9, T = 5 };
   double worst = 0;
   for (size_t c = 0; c < 8; c++) {
@@ -463,22 +464,26 @@ static void test_qdot1_avx2(void) {
     if (!one_token_case(c, &ty, &K)) continue;
     void *wd = make_weight(ty, R, K);
     const size_t rb = kvl_row_size(ty, K);
-    struct q8_acts ac = q8_acts_new(T, K, kvl__q8_act_avx2);
-    const int8_t *xq = ac.xq;
+    struct q8_acts ac = q8_acts_new(T, K, quant);
+    const int8_t *xq = ac.xq, *xp = ac.xq;
     const float *xd = ac.xd, *xf = ac.xf;
     const int32_t *xs = ac.xs;
     const float *f = ty == KVL_TYPE_Q4_K ? xf : NULL;
+    if (be->q8_order && be->q8_order(ty, xq, K, ac.xp)) {
+      for (int t = 1; t < T; t++) be->q8_order(ty, xq + t * K, K, ac.xp + t * K);
+      xp = ac.xp;
+    }
     /* the row loop: every row the bits qdot1 gives it, plus its bias */
     float yr[R], bias[R];
     for (int r = 0; r < R; r++) bias[r] = 0.25f * (float)(r - 4);
-    CHECK_EQ_INT(be->qdot1_rows(ty, wd, rb, R, K, xq, xd, xs, f, bias, yr), 0);
+    CHECK_EQ_INT(be->qdot1_rows(ty, wd, rb, R, K, xq, xp, xd, xs, f, bias, yr), 0);
     for (int r = 0; r < R; r++) {
       const uint8_t *row = (const uint8_t *)wd + (size_t)r * rb;
       float a[T], b[T], n[T];
       CHECK_EQ_INT(be->qdot(ty, row, K, xq, xd, xs, T, a), 0);
-      CHECK_EQ_INT(be->qdot1n(ty, row, K, T, xq, xq, xd, xs, f, n), 0);
+      CHECK_EQ_INT(be->qdot1n(ty, row, K, T, xq, xp, xd, xs, f, n), 0);
       for (int t = 0; t < T; t++) {
-        CHECK_EQ_INT(be->qdot1(ty, row, K, xq + t * K, xq + t * K, xd + t * (K / 32), xs + t * (K / 16),
+        CHECK_EQ_INT(be->qdot1(ty, row, K, xq + t * K, xp + t * K, xd + t * (K / 32), xs + t * (K / 16),
                                f ? f + t * (K / 16) : NULL, &b[t]), 0);
         CHECK(memcmp(&b[t], &n[t], sizeof(float)) == 0);
         if (t == 0) {
@@ -491,9 +496,12 @@ static void test_qdot1_avx2(void) {
     q8_acts_free(&ac);
     free(wd);
   }
-  printf("  AVX2 one-token kernels vs the several-token kernel: worst relative difference %.2e\n", worst);
+  printf("  %s one-token kernels vs the several-token kernel: worst relative difference %.2e\n", level, worst);
   CHECK(worst < 1e-4); /* as the vector-scale kernels: offsets cancel large sums, rounding shows at ~1e-5 */
 }
+
+static void test_qdot1_avx2(void) { test_qdot1_level("avx2int8", kvl__q8_act_avx2); }
+static void test_qdot1_avx512(void) { test_qdot1_level("avx512vnni", kvl__q8_act); }
 
 static void test_q8_act(void) {
   if (!kvl_backend_cpu_level("avx2int8")) { printf("  (no AVX2: skipped)\n"); return; }
@@ -718,6 +726,7 @@ int main(int argc, char **argv) {
     RUN(test_kv);
     RUN(test_qdot_vec);
     RUN(test_qdot1_avx2);
+    RUN(test_qdot1_avx512);
     RUN(test_q8_act);
     RUN(test_sgemm);
     mm_cases_free();
