@@ -218,9 +218,9 @@ static inline __m512 block_sums16(const struct acts *a, int64_t b, __mmask16 m) 
  * Q8_0; m: the blocks there are, a prefix), as floats (zero past m). The scales sit at
  * even byte offsets, so they are words: each 128-byte window of the blocks (two loads,
  * masked to the blocks' end) gives the scales in it to one word permute (vpermt2w,
- * AVX512BW), merged by mask into words 0-15. A 16-lane gather did this before; on a Zen 4
- * it was most of the one-token Q5_0 kernel's time (test-backend-ops --perf, 4864 x 1536,
- * one token: 28 -> 40 GB/s). The same values: bit-identical results. */
+ * AVX512BW), merged by mask into words 0-15. A 16-lane gather did this before, slow on a
+ * Zen 4 (test-backend-ops --perf, 4864 x 1536, one token: Q5_0 28.5 -> 30.6 GB/s, Q8_0
+ * 49 -> 57). The same values: bit-identical results. */
 static const uint16_t scale_words[2][16] = { /* block i's scale: word i of its window */
     {0, 11, 22, 33, 44, 55, 2, 13, 24, 35, 46, 57, 4, 15, 26, 37},  /* stride 22: 3 windows */
     {0, 17, 34, 51, 4, 21, 38, 55, 8, 25, 42, 59, 12, 29, 46, 63}}; /* stride 34: 4 */
