@@ -24,6 +24,10 @@ SCRIPT = os.path.join(ROOT, "bench", "switch-ttft.py")
 
 def main():
     kvlingod, models = sys.argv[1], sys.argv[2]
+    files = [os.path.join(models, f"qwen2.5-coder-{s}-instruct-q4_k_m.gguf") for s in ("0.5b", "1.5b")]
+    if not all(os.path.exists(f) for f in files):
+        print("models missing (scripts/fetch-models): skipped")
+        return 77  # as the other real-pair tests
     env = dict(os.environ, KVLINGO_MODELS=models, OMP_NUM_THREADS="2")
     with tempfile.TemporaryDirectory() as d:
         r = subprocess.run([sys.executable, SCRIPT, "--kvlingod", kvlingod, "-c", "64", "-r", "2", "--chain",
