@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
       struct kvl_kv_layout kl = kvl_model_kv_layout(m, kvdt);
       size_t blocks = (size_t)N * ((256 + (size_t)n_tokens) / KVL_KV_BLOCK + 2) + 16;
       struct kvl_sched_model sm = {kvl_bench_model_name(models[mi]), m, be,
-                                   {kl, blocks * kvl_kv_block_bytes(&kl), 0, 0, NULL, 0}, 0};
+                                   {kl, blocks * kvl_kv_block_bytes(&kl), 0, 0, NULL, 0, true}, 0};
       int mid;
       if (kvl_sched_add_model(s, &sm, &mid, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
       struct run run = {calloc((size_t)N, sizeof(struct stream)), N, 0, 0, 0};

@@ -109,7 +109,7 @@ int main(int argc, char **argv) {
     /* room for a few lines of the longest context (kept source, target, prefix cache) */
     size_t blocks = 4 * ((size_t)max_ctx + (size_t)turn + 64) / KVL_KV_BLOCK + 64;
     struct kvl_sched_model sm = {kvl_bench_model_name(paths[i]), m[i], kvl_backend_cpu(),
-                                 {kl, blocks * kvl_kv_block_bytes(&kl), blocks * kvl_kv_block_bytes(&kl), 0, NULL, 0}, 0};
+                                 {kl, blocks * kvl_kv_block_bytes(&kl), blocks * kvl_kv_block_bytes(&kl), 0, NULL, 0, true}, 0};
     if (kvl_sched_add_model(s, &sm, &mid[i], err, sizeof(err)) < 0) { fprintf(stderr, "bench-switch: %s\n", err); return 1; }
   }
   kvl_translator_t *t[2];

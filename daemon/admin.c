@@ -76,7 +76,9 @@ static void load_after(uv_work_t *w, int status) {
     load_failed(op, op->rc == KVL_ENOENT ? KVLD_NOT_FOUND : KVLD_INVALID_ARGUMENT);
     return;
   }
-  kvld_model_sched_cfg(&op->d->models[op->slot], &op->cfg, &op->sm);
+  /* no prefault: the pool is made on the compute thread, and faulting a GiB in there would
+   * stall every running request for a second or more; its pages fault in as used */
+  kvld_model_sched_cfg(&op->d->models[op->slot], &op->cfg, false, &op->sm);
   if (op->d->draining || kvl_engine_run(op->d->engine, add_in_engine, added, op) < 0) {
     snprintf(op->err, sizeof(op->err), "the server is shutting down");
     load_failed(op, KVLD_UNAVAILABLE);

@@ -52,6 +52,7 @@ void kvld_config_defaults(struct kvld_config *c, const char *source_root) {
   snprintf(c->router.small, sizeof(c->router.small), "%s", pair[0][0]);
   snprintf(c->router.large, sizeof(c->router.large), "%s", pair[1][0]);
   c->cache_snapshot = true;
+  c->kv_prefault = true;
   c->translate_native_tail = 1;
   c->translate_native_head = 32;
   snprintf(c->translation_precision, sizeof(c->translation_precision), "auto");
@@ -119,6 +120,12 @@ static void get_int(struct walk *w, yaml_node_t *n, const char *path, long long 
     bad(w, path, msg);
   } else
     *out = v;
+}
+
+static void get_bool(struct walk *w, yaml_node_t *n, const char *path, bool *out) {
+  const char *v = scalar(w, n, path);
+  if (v && (!strcmp(v, "true") || !strcmp(v, "false"))) *out = !strcmp(v, "true");
+  else if (v) bad(w, path, "expected true or false");
 }
 
 static void get_double(struct walk *w, yaml_node_t *n, const char *path, double lo, double hi, double *out) {
@@ -270,18 +277,9 @@ static void walk_root(struct walk *w, yaml_node_t *n, struct kvld_config *c) {
     if (!strcmp(k, "log_level")) { get_str(w, vn, path, c->log_level, sizeof(c->log_level)); continue; }
     if (!strcmp(k, "default_model")) { get_str(w, vn, path, c->default_model, sizeof(c->default_model)); continue; }
     if (!strcmp(k, "spill_dir")) { get_str(w, vn, path, c->spill_dir, sizeof(c->spill_dir)); continue; }
-    if (!strcmp(k, "cache_snapshot")) {
-      const char *v = scalar(w, vn, path);
-      if (v && (!strcmp(v, "true") || !strcmp(v, "false"))) c->cache_snapshot = !strcmp(v, "true");
-      else if (v) bad(w, path, "expected true or false");
-      continue;
-    }
-    if (!strcmp(k, "translate_warm_head")) {
-      const char *v = scalar(w, vn, path);
-      if (v && (!strcmp(v, "true") || !strcmp(v, "false"))) c->translate_warm_head = !strcmp(v, "true");
-      else if (v) bad(w, path, "expected true or false");
-      continue;
-    }
+    if (!strcmp(k, "cache_snapshot")) { get_bool(w, vn, path, &c->cache_snapshot); continue; }
+    if (!strcmp(k, "kv_prefault")) { get_bool(w, vn, path, &c->kv_prefault); continue; }
+    if (!strcmp(k, "translate_warm_head")) { get_bool(w, vn, path, &c->translate_warm_head); continue; }
     if (!strcmp(k, "translation_precision")) {
       get_str(w, vn, path, c->translation_precision, sizeof(c->translation_precision));
       if (!w->rc && strcmp(c->translation_precision, "auto") && strcmp(c->translation_precision, "bf16") &&

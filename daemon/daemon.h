@@ -60,6 +60,7 @@ struct kvld_config {
   char default_model[64];    /* what "auto" / "" means until the router lands */
   char spill_dir[1024];      /* where the models' disk tiers and cache snapshots live */
   bool cache_snapshot;       /* save the prefix caches at shutdown, load them at start */
+  bool kv_prefault;          /* fault each model's hot KV arena in at start (kvl_pool_config.prefault) */
   int translate_native_tail; /* every request: its last N positions computed natively, never
                                 translated (1: only the last; the router's handoffs take the
                                 larger of this and router.handoff_native_tail) */
@@ -283,7 +284,8 @@ void kvld_model_cfg_default(struct kvld_model_cfg *c);
 /* Open the file, tokenizer and template into m (no loop or engine state: runs on a worker
  * thread). On failure m holds nothing. */
 int kvld_model_open(struct kvld_model *m, const struct kvld_model_cfg *c, char *err, size_t errlen);
-void kvld_model_sched_cfg(const struct kvld_model *m, const struct kvld_model_cfg *c, struct kvl_sched_model *sm);
+void kvld_model_sched_cfg(const struct kvld_model *m, const struct kvld_model_cfg *c, bool prefault,
+                          struct kvl_sched_model *sm);
 void kvld_model_close(struct kvld_model *m);
 
 /* The answer of an admin operation (loop thread); m is the model loaded, or NULL. */

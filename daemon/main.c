@@ -71,12 +71,16 @@ static int load_models(struct kvld *d, kvl_sched_t *s, char *err, size_t errlen)
       memcpy(m->disk_path, path, sizeof(path));
     }
     struct kvl_sched_model sm;
-    kvld_model_sched_cfg(m, &d->cfg.models[i], &sm);
+    kvld_model_sched_cfg(m, &d->cfg.models[i], d->cfg.kv_prefault, &sm);
     if ((rc = kvl_sched_add_model(s, &sm, &m->sched_id, err, errlen)) < 0) return rc;
     m->active = true;
     d->n_models++;
-    kvld_log(KVLD_INFO, "model_loaded", "\"model\":\"%s\",\"file\":\"%s\",\"layers\":%d,\"kv_dtype\":\"%s\"", m->name,
-             m->path, kvl_model_hparams(m->m)->n_layer, m->kv_dtype);
+    struct kvl_sched_model_stats st = {0};
+    kvl_sched_model_stats(s, m->sched_id, &st);
+    kvld_log(KVLD_INFO, "model_loaded",
+             "\"model\":\"%s\",\"file\":\"%s\",\"layers\":%d,\"kv_dtype\":\"%s\",\"hot_mib\":%lld,\"prefault_s\":%.3f",
+             m->name, m->path, kvl_model_hparams(m->m)->n_layer, m->kv_dtype, (long long)(d->cfg.models[i].hot_bytes >> 20),
+             st.pool.prefault_ms / 1e3);
   }
   return 0;
 }

@@ -58,7 +58,8 @@ int kvld_model_open(struct kvld_model *m, const struct kvld_model_cfg *mc, char 
   return 0;
 }
 
-void kvld_model_sched_cfg(const struct kvld_model *m, const struct kvld_model_cfg *mc, struct kvl_sched_model *sm) {
+void kvld_model_sched_cfg(const struct kvld_model *m, const struct kvld_model_cfg *mc, bool prefault,
+                          struct kvl_sched_model *sm) {
   memset(sm, 0, sizeof(*sm));
   sm->name = m->name;
   sm->model = m->m;
@@ -67,6 +68,7 @@ void kvld_model_sched_cfg(const struct kvld_model *m, const struct kvld_model_cf
   sm->pool.layout = kvl_model_kv_layout(m->m, !strcmp(mc->kv_dtype, "f32") ? KVL_KV_F32 : KVL_KV_BF16);
   sm->pool.hot_bytes = (size_t)mc->hot_bytes;
   sm->pool.cold_bytes = (size_t)mc->cold_bytes;
+  sm->pool.prefault = prefault;
   if (mc->disk_bytes > 0 && m->disk_path[0]) {
     sm->pool.disk_bytes = (size_t)mc->disk_bytes;
     sm->pool.disk_path = m->disk_path;

@@ -320,6 +320,7 @@ int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out) {
     kvl_pool_free(p);
     return KVL_ENOMEM;
   }
+  if (c->prefault) p->st.prefault_ms = kvl_huge_prefault(p->hot_mem, nh * p->bb);
   for (int32_t i = 0; i < p->n_hot; i++) { p->hot_owner[i] = NONE; p->hot_free[i] = p->n_hot - 1 - i; }
   for (int32_t i = 0; i < p->n_cold; i++) { p->cold_owner[i] = NONE; p->cold_free[i] = p->n_cold - 1 - i; }
   p->n_hot_free = p->n_hot;

@@ -66,6 +66,8 @@ struct kvl_pool_config {
   size_t disk_bytes;  /* spill-file budget behind the cold tier (0: none) */
   const char *disk_path; /* the spill file (created 0600, truncated, unlinked once open: no name while in use) */
   int32_t disk_writeback_blocks; /* write-behind buffers for the disk tier (0: KVL_DISK_WRITEBACK_DEFAULT) */
+  bool prefault;      /* fault the hot arena in at creation (kvl_huge_prefault): a block's first
+                       * use then pays no page fault on the request path */
 };
 
 #define KVL_DISK_WRITEBACK_DEFAULT 32
@@ -77,6 +79,7 @@ struct kvl_pool_stats {
   int32_t disk_in_flight;                     /* disk reads and writes queued or running */
   uint64_t evicted_to_cold, spilled_to_disk, dropped, restored, restored_from_disk, disk_errors, cow_copies;
   uint64_t disk_busy; /* blocks dropped instead of spilled: the write-behind was full */
+  double prefault_ms;  /* the hot arena's prefault at creation (0: not asked) */
 };
 
 int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out);

@@ -25,7 +25,7 @@ static kvl_sched_t *sched(kvl_model_t *m, int hot_blocks, int *mid) {
   KVL_ASSERT(kvl_sched_new(&(struct kvl_sched_config){.step_tokens = 128, .max_seqs = 32}, &s) == 0);
   struct kvl_kv_layout kl = kvl_model_kv_layout(m, KVL_KV_F32);
   size_t bb = kvl_kv_block_bytes(&kl);
-  struct kvl_sched_model sm = {"tiny", m, kvl_backend_ref(), {kl, (size_t)hot_blocks * bb, 0, 0, NULL, 0}, 0};
+  struct kvl_sched_model sm = {"tiny", m, kvl_backend_ref(), {kl, (size_t)hot_blocks * bb, 0, 0, NULL, 0, false}, 0};
   char err[256];
   int rc = kvl_sched_add_model(s, &sm, mid, err, sizeof(err));
   if (rc) fprintf(stderr, "%s\n", err);

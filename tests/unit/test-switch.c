@@ -48,7 +48,7 @@ static kvl_sched_t *sched_of(kvl_model_t **ms, int n, int hot, int cold, int ste
     struct kvl_kv_layout kl = kvl_model_kv_layout(ms[i], KVL_KV_F32);
     size_t bb = kvl_kv_block_bytes(&kl);
     static const char *const names[] = {"m0", "m1", "m2", "m3"}; /* the scheduler keeps the pointer */
-    struct kvl_sched_model sm = {names[i], ms[i], kvl_backend_ref(), {kl, (size_t)hot * bb, (size_t)cold * bb, 0, NULL, 0}, 0};
+    struct kvl_sched_model sm = {names[i], ms[i], kvl_backend_ref(), {kl, (size_t)hot * bb, (size_t)cold * bb, 0, NULL, 0, false}, 0};
     int mid;
     char err[256];
     KVL_ASSERT(kvl_sched_add_model(s, &sm, &mid, err, sizeof(err)) == 0 && mid == i);
