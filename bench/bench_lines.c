@@ -103,6 +103,7 @@ int kvl_bench_pair_open(char paths[2][4200], const char *maps, const char *varia
       fprintf(stderr, "%s: %s\n", who, err);
       return KVL_EINVAL;
     }
+    kvl_model_prepare(sd[i].m, kvl_backend_cpu()); /* as the daemon does at load */
     struct kvl_kv_layout kl = kvl_model_kv_layout(sd[i].m, KVL_KV_BF16);
     struct kvl_pool_config pc = {.layout = kl, .hot_bytes = blocks * kvl_kv_block_bytes(&kl)};
     int rc = kvl_pool_new(&pc, &sd[i].pool);

@@ -123,6 +123,7 @@ int main(int argc, char **argv) {
     char err[512];
     kvl_model_t *m;
     if (kvl_model_open(models[mi], &m, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
+    kvl_model_prepare(m, be); /* as the daemon does at load */
     const struct kvl_model_hparams *hp = kvl_model_hparams(m);
     for (int ci = 0; ci < n_conc; ci++) {
       int N = conc[ci];

@@ -165,10 +165,12 @@ static int bench_model(const char *path, const char *name, const struct bench_op
   const struct kvl_model_hparams *hp = kvl_model_hparams(m);
   kvl_backend_t *be = kvl_bench_backend("bench-prefill-decode", o->cuda);
   if (!be) goto out;
+  const size_t repacked = kvl_model_prepare(m, be); /* as the daemon does at load */
   const int threads = omp_get_max_threads();
   const char *kvname = o->kv == KVL_KV_F32 ? "f32" : "bf16";
-  fprintf(stderr, "bench-prefill-decode: %s (%s, %d layers) on %s, %d threads, kv %s, loaded in %.2f s\n", name,
-          path, hp->n_layer, kvl_backend_name(be), threads, kvname, kvl_bench_now() - t0);
+  fprintf(stderr, "bench-prefill-decode: %s (%s, %d layers) on %s, %d threads, kv %s, loaded in %.2f s (%.0f MiB repacked)\n",
+          name, path, hp->n_layer, kvl_backend_name(be), threads, kvname, kvl_bench_now() - t0,
+          (double)repacked / (1 << 20));
 
   const int pp_end = o->n_pp > 0 ? o->depth + o->pp_max : 0;
   const int n_ctx = pp_end > TG_PROMPT + o->tg ? pp_end : TG_PROMPT + o->tg;
@@ -239,7 +241,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     json_object_set_new(res, "threads", json_integer(threads));
     json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
     json_object_set_new(res, "depth", json_integer(o->depth));
-    /* the memory the backend's repacked weight copies take (the avx512bf16 level) */
+    /* the memory the backend's repacked weight copies take (bf16 for prefill, Q5_0 for decode) */
     json_object_set_new(res, "repacked_mib", json_real((double)kvl_wpack_total_bytes() / (1 << 20)));
     printf("%-20s %-7s %9.1f tokens/s  (sd %.1f, %d runs)", name, test, st.median, st.sd, o->runs);
     if (o->peak_gops > 0) {
@@ -290,6 +292,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
     json_object_set_new(res, "prompt_tokens", json_integer(TG_PROMPT));
     json_object_set_new(res, "weight_mib_per_token", json_real((double)wbytes / (1 << 20)));
+    json_object_set_new(res, "repacked_mib", json_real((double)kvl_wpack_total_bytes() / (1 << 20)));
     printf("%-20s %-7s %9.2f tokens/s  (sd %.2f, %d runs)", name, test, st.median, st.sd, o->runs);
     if (o->bw_gbps > 0) {
       double pct = (double)wbytes * st.median / (o->bw_gbps * 1e9) * 100.0;

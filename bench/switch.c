@@ -99,6 +99,7 @@ int main(int argc, char **argv) {
   kvl_model_t *m[2];
   for (int i = 0; i < 2; i++)
     if (kvl_model_open(paths[i], &m[i], err, sizeof(err)) < 0) { fprintf(stderr, "bench-switch: %s\n", err); return 1; }
+  for (int i = 0; i < 2; i++) kvl_model_prepare(m[i], kvl_backend_cpu()); /* as the daemon does at load */
   int max_ctx = 0;
   for (int i = 0; i < n_ctx; i++) max_ctx = ctx[i] > max_ctx ? ctx[i] : max_ctx;
   kvl_sched_t *s;

@@ -64,7 +64,8 @@ static void added(void *arg, int rc) {
   }
   m->active = true;
   m->reserved = false;
-  kvld_log(KVLD_INFO, "model_loaded", "\"model\":\"%s\",\"file\":\"%s\",\"at_runtime\":true", m->name, m->path);
+  kvld_log(KVLD_INFO, "model_loaded", "\"model\":\"%s\",\"file\":\"%s\",\"at_runtime\":true,\"repacked_mib\":%.1f", m->name,
+           m->path, (double)m->repacked_bytes / (1 << 20));
   op->reply(op->ctx, KVLD_OK, NULL, m);
   free(op);
 }

@@ -160,6 +160,7 @@ struct kvld_model {
   char tok_hash[132];         /* its tokenizer's identity (the translator fingerprint's) */
   kvl_template_t *tmpl;       /* NULL when the model has no chat template */
   kvl_backend_t *be;          /* its backend (the configuration's `backend`) */
+  size_t repacked_bytes;      /* the backend's copies of its weights, made at load (kvl_model_prepare) */
   int sched_id;               /* the scheduler's model index */
   int32_t max_model_len;
   int32_t eog[8];             /* its end-of-generation ids, found once at load */

@@ -78,9 +78,10 @@ static int load_models(struct kvld *d, kvl_sched_t *s, char *err, size_t errlen)
     struct kvl_sched_model_stats st = {0};
     kvl_sched_model_stats(s, m->sched_id, &st);
     kvld_log(KVLD_INFO, "model_loaded",
-             "\"model\":\"%s\",\"file\":\"%s\",\"layers\":%d,\"kv_dtype\":\"%s\",\"hot_mib\":%lld,\"prefault_s\":%.3f",
+             "\"model\":\"%s\",\"file\":\"%s\",\"layers\":%d,\"kv_dtype\":\"%s\",\"hot_mib\":%lld,\"prefault_s\":%.3f,"
+             "\"repacked_mib\":%.1f",
              m->name, m->path, kvl_model_hparams(m->m)->n_layer, m->kv_dtype, (long long)(d->cfg.models[i].hot_bytes >> 20),
-             st.pool.prefault_ms / 1e3);
+             st.pool.prefault_ms / 1e3, (double)m->repacked_bytes / (1 << 20));
   }
   return 0;
 }

@@ -33,6 +33,7 @@ int kvld_model_open(struct kvld_model *m, const struct kvld_model_cfg *mc, char 
   snprintf(m->kv_dtype, sizeof(m->kv_dtype), "%s", mc->kv_dtype);
   int rc = kvl_model_open(m->path, &m->m, err, errlen);
   if (rc == 0) rc = kvl_tokenizer_from_gguf(kvl_model_gguf(m->m), &m->tk, err, errlen);
+  if (rc == 0) m->repacked_bytes = kvl_model_prepare(m->m, m->be); /* not on the first request */
   if (rc < 0) {
     kvld_model_close(m);
     return rc;

@@ -1,4 +1,6 @@
 /* backend.c — the public op entry points: argument checks, then the backend's table. */
+#include <stdatomic.h>
+
 #include "backend-impl.h"
 #include "kvl_error.h"
 
@@ -6,6 +8,16 @@ const char *kvl_backend_name(const kvl_backend_t *be) { return be->name; }
 
 void kvl_wpack_release(struct kvl_wpack *p) {
   if (p && p->impl && p->release) p->release(p);
+}
+
+static _Atomic long long wpack_bytes;
+
+void kvl__wpack_count(long long delta) { atomic_fetch_add(&wpack_bytes, delta); }
+
+size_t kvl_wpack_total_bytes(void) { return (size_t)atomic_load(&wpack_bytes); }
+
+void kvl_backend_prepare(kvl_backend_t *be, const struct kvl_weight *w) {
+  if (be && be->q5_0_quads) kvl__q5_0_quads(w);
 }
 
 bool kvl_backend_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype) {

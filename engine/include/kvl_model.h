@@ -62,6 +62,11 @@ void kvl_model_free(kvl_model_t *m);
  * ("qwen2.5-coder-0.5b"). A malloc'd path, or NULL when nothing matches. */
 char *kvl_model_resolve(const char *m);
 
+/* Let be make now the copies of the product weights it would make at their first use
+ * (kvl_backend_prepare: on a CPU with AVX-512 VNNI, Q5_0 rearranged for decode); returns
+ * the bytes they add (kvl_wpack_total_bytes before and after). The daemon and the
+ * benchmarks call it after loading. */
+size_t kvl_model_prepare(kvl_model_t *m, kvl_backend_t *be);
 const struct kvl_model_hparams *kvl_model_hparams(const kvl_model_t *m);
 const kvl_gguf_t *kvl_model_gguf(const kvl_model_t *m);
 /* The geometry of this model's KV pool in the given storage type. */

@@ -10,6 +10,7 @@
 #include <cpuid.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,73 @@ void kvl__q4_k_act_factors(const float *xd, const int32_t *xs, int64_t K, float 
     }
 }
 
+void kvl__q5_0_quads_pack(const void *src, void *dst, int64_t rows, int64_t K) {
+  const int64_t nb = K / 32;
+  const size_t rb = (size_t)nb * 22;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    const uint8_t *s = (const uint8_t *)src + (size_t)r * rb;
+    uint8_t *d = (uint8_t *)dst + (size_t)r * rb, *q = d + 2 * nb;
+    for (int64_t b = 0; b < nb; b++) memcpy(d + 2 * b, s + 22 * b, 2);
+    for (int64_t b = 0; b < nb; b += 4, q += 80) {
+      uint64_t lo = 0, hi = 0;
+      for (int k = 0; k < 4; k++) {
+        const uint8_t *blk = s + 22 * (b + k);
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        memcpy(q + 16 * k, blk + 6, 16);
+        lo |= (uint64_t)(qh & 0xffffu) << (16 * k);
+        hi |= (uint64_t)(qh >> 16) << (16 * k);
+      }
+      memcpy(q + 64, &lo, 8);
+      memcpy(q + 72, &hi, 8);
+    }
+  }
+}
+
+/* The one-token kernels' copy of a Q5_0 weight (KVL__TYPE_Q5_0_QUADS), made by
+ * kvl_backend_prepare or at the weight's first decode product, kept in its kvl_wpack
+ * slot. It is the matrix's size again (the GGUF bytes stay: prefill and the 7..16-token
+ * kernels read them): 165 MiB for the 0.5B, whose K = 896 products are Q5_0 but for
+ * attn_v in half the layers; the 1.5B has no Q5_0. */
+static const char quads_owner = 'q';
+static pthread_mutex_t quads_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void quads_release(struct kvl_wpack *p) {
+  struct { void *mem; size_t mapped; } *k = p->impl;
+  kvl_huge_free(k->mem, k->mapped);
+  kvl__wpack_count(-(long long)p->bytes);
+  free(k);
+  p->impl = NULL, p->bytes = 0, p->owner = NULL, p->release = NULL;
+}
+
+const void *kvl__q5_0_quads(const struct kvl_weight *w) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("KVL_DECODE_REPACK");
+    on = !(e && (!strcmp(e, "0") || !strcmp(e, "off"))) && int8_decode_enabled();
+  }
+  struct kvl_wpack *p = w->pack;
+  if (!on || !p || w->type != KVL_TYPE_Q5_0 || w->cols % 128) return NULL;
+  struct quads { void *mem; size_t mapped; } *k = __atomic_load_n((struct quads **)&p->impl, __ATOMIC_ACQUIRE);
+  if (!k) {
+    pthread_mutex_lock(&quads_mu);
+    if (!p->impl) {
+      const size_t bytes = kvl_row_size(w->type, (uint64_t)w->cols) * (size_t)w->rows;
+      struct quads *n = malloc(sizeof(*n));
+      if (n && (n->mem = kvl_huge_alloc(bytes, &n->mapped))) {
+        kvl__q5_0_quads_pack(w->data, n->mem, w->rows, w->cols);
+        p->bytes = bytes, p->owner = &quads_owner, p->release = quads_release;
+        kvl__wpack_count((long long)bytes);
+        __atomic_store_n((struct quads **)&p->impl, n, __ATOMIC_RELEASE);
+      } else free(n);
+    }
+    pthread_mutex_unlock(&quads_mu);
+    k = __atomic_load_n((struct quads **)&p->impl, __ATOMIC_ACQUIRE);
+  }
+  return k && p->owner == &quads_owner ? k->mem : NULL;
+}
+
 static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
   const int64_t K = w->cols, N = w->rows;
   const size_t rb = kvl_row_size(w->type, (uint64_t)K);
@@ -114,6 +182,13 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
         kvl__q4_k_act_factors(xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16), K, xf + (int64_t)t * (K / 16));
     }
   }
+  /* Q5_0 for the one-token kernels: their copy in quads (KVL__TYPE_Q5_0_QUADS) */
+  uint32_t wt = w->type;
+  const void *wd = w->data;
+  if (xp && be->q5_0_quads && w->type == KVL_TYPE_Q5_0 && K % 128 == 0) {
+    const void *c = kvl__q5_0_quads(w);
+    if (c) wt = KVL__TYPE_Q5_0_QUADS, wd = c;
+  }
   /* several tokens: the per-token scales as vectors, prepared once (kvl__qdot_vec_*) */
   float *sx = NULL, *cx = NULL;
   if (!xp && n_tokens >= 2 && be->qdot_vec && K % 64 == 0 && vec_decode_enabled()) {
@@ -136,19 +211,19 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
       const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
       const int64_t r0 = N * id / nt, r1 = N * (id + 1) / nt;
       if (r1 > r0)
-        rows_rc |= be->qdot1_rows(w->type, (const uint8_t *)w->data + (size_t)r0 * rb, rb, r1 - r0, K, xq, xp, xd, xs,
-                                  xf, w->bias ? w->bias + r0 : NULL, y + r0);
+        rows_rc |= be->qdot1_rows(wt, (const uint8_t *)wd + (size_t)r0 * rb, rb, r1 - r0, K, xq, xp, xd, xs, xf,
+                                  w->bias ? w->bias + r0 : NULL, y + r0);
     }
   }
   if (rows_rc != 0) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < N; r++) {
-      const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+      const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb, *row1 = (const uint8_t *)wd + (size_t)r * rb;
       float v[KVL__QDOT_MAX_T];
       if (xp) {
-        if (n_tokens < 2 || !be->qdot1n || be->qdot1n(w->type, row, K, n_tokens, xq, xp, xd, xs, xf, v) != 0)
+        if (n_tokens < 2 || !be->qdot1n || be->qdot1n(wt, row1, K, n_tokens, xq, xp, xd, xs, xf, v) != 0)
           for (int t = 0; t < n_tokens; t++)
-            be->qdot1(w->type, row, K, xq + (int64_t)t * K, xp + (int64_t)t * K, xd + (int64_t)t * (K / 32),
+            be->qdot1(wt, row1, K, xq + (int64_t)t * K, xp + (int64_t)t * K, xd + (int64_t)t * (K / 32),
                       xs + (int64_t)t * (K / 16), xf ? xf + (int64_t)t * (K / 16) : NULL, v + t);
       } else if (sx) be->qdot_vec(w->type, row, K, xq, sx, cx, n_tokens, v);
       else be->qdot(w->type, row, K, xq, xd, xs, n_tokens, v);
@@ -564,7 +639,7 @@ static kvl_backend_t be_avx2_sink = {.name = "cpu-avx2-fp32", .ops = &cpu_ops, .
 #define VNNI_DECODE                                                                                            \
   .q8_act = kvl__q8_act, .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni, .q8_order = kvl__q8_order, \
   .qdot1n = kvl__qdot1n_avx512vnni, .qdot1_rows = kvl__qdot1_rows_avx512vnni,                                \
-  .qdot_vec = kvl__qdot_vec_avx512vnni
+  .qdot_vec = kvl__qdot_vec_avx512vnni, .q5_0_quads = true
 static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE};
 /* The same, with batches of 7 or more tokens on the tokens-in-lanes kernel (16 per vector,
  * vpdpbusd: it costs about the same for 4 tokens as for 16); up to 6 the single-token

@@ -50,7 +50,6 @@ static struct {
   pthread_mutex_t mu; /* the caches and the one stream */
   struct prim prims[MAX_PRIMS];
   int n_prims;
-  atomic_size_t bytes;
   char impl[96];
 } g = {.once = PTHREAD_ONCE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -80,13 +79,11 @@ bool kvl__bf16_gemm_usable(void) {
 
 const char *kvl__bf16_gemm_impl(void) { return g.impl[0] ? g.impl : "not used yet"; }
 
-size_t kvl_wpack_total_bytes(void) { return atomic_load(&g.bytes); }
-
 static void release_packed(struct kvl_wpack *p) {
   struct packed *k = p->impl;
   if (k->mem) dnnl_memory_destroy(k->mem);
   free(k->buf);
-  atomic_fetch_sub(&g.bytes, p->bytes);
+  kvl__wpack_count(-(long long)p->bytes);
   free(k);
   p->impl = NULL;
   p->bytes = 0;
@@ -193,7 +190,7 @@ static int pack(const struct kvl__simd *s, const struct kvl_weight *w, const dnn
   w->pack->bytes = bytes;
   w->pack->owner = &g;
   w->pack->release = release_packed;
-  atomic_fetch_add(&g.bytes, bytes);
+  kvl__wpack_count((long long)bytes);
   k = NULL;
 out:
   if (rp) dnnl_primitive_destroy(rp);

@@ -503,6 +503,51 @@ static void test_qdot1_level(const char *level, q8_quant_fn quant) {
 static void test_qdot1_avx2(void) { test_qdot1_level("avx2int8", kvl__q8_act_avx2); }
 static void test_qdot1_avx512(void) { test_qdot1_level("avx512vnni", kvl__q8_act); }
 
+/* Q5_0 one-token products on the quads copy (KVL__TYPE_Q5_0_QUADS) against the GGUF rows:
+ * the packer's bytes (every fifth bit where the kernels look for it) and the same bits
+ * from kvl_matmul with a pack slot as without, for 1..6 tokens (the row kernel, qdot1n);
+ * the copy is counted while it lives; where K is not a multiple of 128 none is made. */
+static void test_q5_0_quads(void) {
+  static const int64_t Ks[] = {128, 896, 1536, 4864, 864};
+  const int64_t R = 37;
+  uint8_t *w = make_weight(KVL_TYPE_Q5_0, 1, 128), *p = malloc(88);
+  kvl__q5_0_quads_pack(w, p, 1, 128);
+  for (int k = 0; k < 4; k++) {
+    const uint8_t *blk = w + 22 * k;
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    CHECK(memcmp(p + 2 * k, blk, 2) == 0 && memcmp(p + 8 + 16 * k, blk + 6, 16) == 0);
+    for (int i = 0; i < 32; i++) CHECK_EQ_INT(p[8 + 64 + 8 * (i / 16) + (16 * k + i % 16) / 8] >> (i % 8) & 1, qh >> i & 1);
+  }
+  free(w), free(p);
+  static const char *levels[] = {"avx512vnni", "avx512vnnimm", "amx"};
+  for (int l = 0; l < 3; l++) {
+    kvl_backend_t *be = kvl_backend_cpu_level(levels[l]);
+    if (!be) continue;
+    CHECK(be->q5_0_quads);
+    for (size_t i = 0; i < sizeof(Ks) / sizeof(Ks[0]); i++) {
+      const int64_t K = Ks[i];
+      void *wd = make_weight(KVL_TYPE_Q5_0, R, K);
+      struct kvl_wpack slot = {0};
+      const struct kvl_weight plain = {KVL_TYPE_Q5_0, K, R, wd, NULL, NULL}, slotted = {KVL_TYPE_Q5_0, K, R, wd, NULL, &slot};
+      const size_t before = kvl_wpack_total_bytes();
+      for (int T = 1; T <= KVL__QDOT1_MAX_T; T++) {
+        float *x = malloc((size_t)T * K * 4), *y0 = malloc((size_t)T * R * 4), *y1 = malloc((size_t)T * R * 4);
+        fill(x, (size_t)T * K, 1.0f);
+        kvl_matmul(be, &plain, x, y0, T);
+        kvl_matmul(be, &slotted, x, y1, T);
+        CHECK(memcmp(y0, y1, (size_t)T * R * 4) == 0);
+        free(x), free(y0), free(y1);
+      }
+      const size_t made = K % 128 ? 0 : kvl_row_size(KVL_TYPE_Q5_0, K) * R;
+      CHECK(kvl_wpack_total_bytes() - before == made && (slot.impl != NULL) == (made != 0));
+      kvl_wpack_release(&slot);
+      CHECK(kvl_wpack_total_bytes() == before && !slot.impl);
+      free(wd);
+    }
+  }
+}
+
 static void test_q8_act(void) {
   if (!kvl_backend_cpu_level("avx2int8")) { printf("  (no AVX2: skipped)\n"); return; }
   const int64_t K = 1536;
@@ -633,7 +678,8 @@ static void perf(kvl_backend_t *be) {
       int64_t rows = 4864, cols = 1536;
       int T = Ts[j];
       void *wd = make_weight(pt[i], rows, cols);
-      struct kvl_weight w = {pt[i], cols, rows, wd, NULL, NULL};
+      struct kvl_wpack slot = {0}; /* as a model's weights have: room for a repacked copy */
+      struct kvl_weight w = {pt[i], cols, rows, wd, NULL, &slot};
       float *x = malloc((size_t)T * cols * 4), *y = malloc((size_t)T * rows * 4);
       fill(x, (size_t)T * cols, 1);
       kvl_matmul(be, &w, x, y, T);
@@ -649,6 +695,7 @@ static void perf(kvl_backend_t *be) {
       printf("  matmul %-5s %lldx%lld T=%-4d %8.2f ms  %7.1f GFLOP/s  %6.2f GB/s weights\n", kvl_type_name(pt[i]),
              (long long)rows, (long long)cols, T, s * 1e3, 2.0 * rows * cols * T / s * 1e-9,
              kvl_row_size(pt[i], cols) * rows / s * 1e-9);
+      kvl_wpack_release(&slot);
       free(wd); free(x); free(y);
     }
   perf_attention(be);
@@ -727,6 +774,7 @@ int main(int argc, char **argv) {
     RUN(test_qdot_vec);
     RUN(test_qdot1_avx2);
     RUN(test_qdot1_avx512);
+    RUN(test_q5_0_quads);
     RUN(test_q8_act);
     RUN(test_sgemm);
     mm_cases_free();
