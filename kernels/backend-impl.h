@@ -55,19 +55,27 @@ void kvl__swiglu_scalar(const float *g, const float *u, float *y, int64_t n);
 #define KVL__QDOT_MAX_T 16
 #define KVL__QDOT_USE_T 16 /* the matmul takes the int8 path up to this many tokens (cpu.c) */
 #define KVL__QDOT1_MAX_T 6 /* up to this many tokens, the single-token kernel once per token (cpu.c) */
-/* Q5_0 rows rearranged for the one-token kernels (the "quads" copy, cpu.c makes it at a
- * weight's first decode product unless KVL_DECODE_REPACK=0): per row, the nb fp16 block
- * scales first, then per four blocks their 64 code bytes (block k's 16 at 16k) and two
- * 64-bit masks of their fifth bits (element i of block k at bit 16k + i: elements 0-15,
- * then 16-31). The GGUF row's bytes in another order, the same size. qdot1, qdot1n and
- * qdot1_rows of the VNNI levels take it as this type, with the bits they give the Q5_0
- * row. K a multiple of 128. */
+/* Rows rearranged for the one-token kernels (cpu.c makes these copies at load, through
+ * kvl_backend_prepare, or at a weight's first decode product; KVL_DECODE_REPACK=0|q5_0|
+ * q4_k|all says for which formats, default q5_0). qdot1, qdot1n and qdot1_rows of the
+ * VNNI levels take them as these types, with the bits they give the GGUF rows.
+ *
+ * KVL__TYPE_Q5_0_QUADS (K a multiple of 128): per row, the nb fp16 block scales first,
+ * then per four blocks their 64 code bytes (block k's 16 at 16k) and two 64-bit masks of
+ * their fifth bits (element i of block k at bit 16k + i: elements 0-15, then 16-31).
+ * The GGUF row's bytes in another order, the same size.
+ * KVL__TYPE_Q4_K_SB: per 256-element block, d and dmin (fp16), the eight 6-bit scales
+ * and the eight mins as bytes, then the 128 code bytes: 148 bytes instead of 144. */
 #define KVL__TYPE_Q5_0_QUADS 0x106u
+#define KVL__TYPE_Q4_K_SB 0x10cu
+#define KVL__Q4_K_SB_BYTES 148
 void kvl__q5_0_quads_pack(const void *src, void *dst, int64_t rows, int64_t K);
-/* w's quads copy, made now if it is not there (cpu.c); NULL where none can be kept: not
- * Q5_0 with K % 128 == 0, no slot, another backend's copy in it, memory short, or turned
- * off (KVL_DECODE_REPACK=0, KVL_DECODE=exact) */
-const void *kvl__q5_0_quads(const struct kvl_weight *w);
+void kvl__q4_k_sb_pack(const void *src, void *dst, int64_t rows, int64_t K);
+/* w's copy for the one-token kernels, made now if it is not there (cpu.c), with its type
+ * and row size; NULL where none is kept: not Q5_0 with K % 128 == 0 or Q4_K, no slot,
+ * another backend's copy in it, memory short, or turned off (KVL_DECODE_REPACK,
+ * KVL_DECODE=exact) */
+const void *kvl__decode_copy(const struct kvl_weight *w, uint32_t *type, size_t *row_bytes);
 /* the bytes of every repacked copy in the process (kvl_wpack_total_bytes), +/- delta */
 void kvl__wpack_count(long long delta);
 void kvl__q8_act(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
@@ -182,7 +190,7 @@ struct kvl_backend {
                   int n_tokens, float *out);
   int (*qdot1n)(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
                 const float *xd, const int32_t *xs, const float *xf, float *out);
-  bool q5_0_quads; /* CPU backend: qdot1, qdot1n and qdot1_rows take KVL__TYPE_Q5_0_QUADS */
+  bool decode_copies; /* CPU backend: qdot1, qdot1n and qdot1_rows take kvl__decode_copy's types */
   int qdot_max_t; /* CPU backend: the int8 decode kernels take products of up to this many
                    * tokens, fp32 above (0: KVL__QDOT_USE_T); KVL_DECODE_INT8_MAX=N overrides */
   int bf16_min_t; /* CPU backend: products of at least this many tokens in bf16 (0: never) */

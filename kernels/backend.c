@@ -17,7 +17,9 @@ void kvl__wpack_count(long long delta) { atomic_fetch_add(&wpack_bytes, delta); 
 size_t kvl_wpack_total_bytes(void) { return (size_t)atomic_load(&wpack_bytes); }
 
 void kvl_backend_prepare(kvl_backend_t *be, const struct kvl_weight *w) {
-  if (be && be->q5_0_quads) kvl__q5_0_quads(w);
+  uint32_t type;
+  size_t rb;
+  if (be && be->decode_copies) kvl__decode_copy(w, &type, &rb);
 }
 
 bool kvl_backend_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t wtype) {

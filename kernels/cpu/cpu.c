@@ -108,47 +108,89 @@ void kvl__q5_0_quads_pack(const void *src, void *dst, int64_t rows, int64_t K) {
   }
 }
 
-/* The one-token kernels' copy of a Q5_0 weight (KVL__TYPE_Q5_0_QUADS), made by
- * kvl_backend_prepare or at the weight's first decode product, kept in its kvl_wpack
- * slot. It is the matrix's size again (the GGUF bytes stay: prefill and the 7..16-token
- * kernels read them): 165 MiB for the 0.5B, whose K = 896 products are Q5_0 but for
- * attn_v in half the layers; the 1.5B has no Q5_0. */
-static const char quads_owner = 'q';
-static pthread_mutex_t quads_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Q4_K with its 6-bit scales and mins unpacked to bytes (KVL__TYPE_Q4_K_SB): per block
+ * d, dmin (fp16), the eight scales, the eight mins, the 128 code bytes (148 bytes) */
+void kvl__q4_k_sb_pack(const void *src, void *dst, int64_t rows, int64_t K) {
+  const int64_t nb = K / 256;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    const uint8_t *s = (const uint8_t *)src + (size_t)r * (size_t)nb * 144;
+    uint8_t *d = (uint8_t *)dst + (size_t)r * (size_t)nb * KVL__Q4_K_SB_BYTES;
+    for (int64_t b = 0; b < nb; b++, s += 144, d += KVL__Q4_K_SB_BYTES) {
+      const uint8_t *q = s + 4;
+      memcpy(d, s, 4);
+      for (int j = 0; j < 8; j++) {
+        d[4 + j] = j < 4 ? q[j] & 63 : (uint8_t)((q[j + 4] & 0xf) | (q[j - 4] >> 6) << 4);
+        d[12 + j] = j < 4 ? q[j + 4] & 63 : (uint8_t)((q[j + 4] >> 4) | (q[j] >> 6) << 4);
+      }
+      memcpy(d + 20, s + 16, 128);
+    }
+  }
+}
 
-static void quads_release(struct kvl_wpack *p) {
-  struct { void *mem; size_t mapped; } *k = p->impl;
+/* The one-token kernels' copies (KVL__TYPE_Q5_0_QUADS, KVL__TYPE_Q4_K_SB), made by
+ * kvl_backend_prepare or at the weight's first decode product, kept in its kvl_wpack
+ * slot. A copy is the matrix's size again (the GGUF bytes stay: prefill, the 7..16-token
+ * kernels and the fp32 sink rows read them); KVL_DECODE_REPACK says which formats get one
+ * (decode_repack below). */
+static const char copy_owner = 'q';
+static pthread_mutex_t copy_mu = PTHREAD_MUTEX_INITIALIZER;
+struct decode_copy { void *mem; size_t mapped, row_bytes; uint32_t type; };
+
+static void copy_release(struct kvl_wpack *p) {
+  struct decode_copy *k = p->impl;
   kvl_huge_free(k->mem, k->mapped);
   kvl__wpack_count(-(long long)p->bytes);
   free(k);
   p->impl = NULL, p->bytes = 0, p->owner = NULL, p->release = NULL;
 }
 
-const void *kvl__q5_0_quads(const struct kvl_weight *w) {
+/* KVL_DECODE_REPACK=q5_0 (the default) | q4_k | all | 0: which formats get a copy (bit 0
+ * Q5_0, bit 1 Q4_K). Q4_K's is off by default: its kernel is 16 % faster on a matrix in
+ * L3 (test-backend-ops --perf, a Zen 4), but the 1.5B's tg128 did not move (five pairs in
+ * turn, bench-prefill-decode -p 0 -n 128 -r 5: +0.3 tokens/s on ~36, within the noise)
+ * for 613 MiB more and 1.4-4 s more at load; its decode there waits on memory. */
+static int decode_repack(void) {
   static int on = -1;
   if (on < 0) {
     const char *e = getenv("KVL_DECODE_REPACK");
-    on = !(e && (!strcmp(e, "0") || !strcmp(e, "off"))) && int8_decode_enabled();
+    on = !e || !strcmp(e, "q5_0") ? 1 : !strcmp(e, "q4_k") ? 2 : !strcmp(e, "all") ? 3 : 0;
+    if (e && !on && strcmp(e, "0") && strcmp(e, "off"))
+      fprintf(stderr, "kvlingo: KVL_DECODE_REPACK=%s: expected q5_0, q4_k, all or 0; no copies made\n", e);
+    if (!int8_decode_enabled()) on = 0;
   }
+  return on;
+}
+
+const void *kvl__decode_copy(const struct kvl_weight *w, uint32_t *type, size_t *row_bytes) {
   struct kvl_wpack *p = w->pack;
-  if (!on || !p || w->type != KVL_TYPE_Q5_0 || w->cols % 128) return NULL;
-  struct quads { void *mem; size_t mapped; } *k = __atomic_load_n((struct quads **)&p->impl, __ATOMIC_ACQUIRE);
+  const int want = w->type == KVL_TYPE_Q5_0 && w->cols % 128 == 0   ? 1
+                   : w->type == KVL_TYPE_Q4_K && w->cols % 256 == 0 ? 2
+                                                                     : 0;
+  if (!p || !(decode_repack() & want)) return NULL;
+  struct decode_copy *k = __atomic_load_n((struct decode_copy **)&p->impl, __ATOMIC_ACQUIRE);
   if (!k) {
-    pthread_mutex_lock(&quads_mu);
+    pthread_mutex_lock(&copy_mu);
     if (!p->impl) {
-      const size_t bytes = kvl_row_size(w->type, (uint64_t)w->cols) * (size_t)w->rows;
-      struct quads *n = malloc(sizeof(*n));
+      const size_t rb = want == 1 ? kvl_row_size(w->type, (uint64_t)w->cols)
+                                  : (size_t)(w->cols / 256) * KVL__Q4_K_SB_BYTES;
+      const size_t bytes = rb * (size_t)w->rows;
+      struct decode_copy *n = malloc(sizeof(*n));
       if (n && (n->mem = kvl_huge_alloc(bytes, &n->mapped))) {
-        kvl__q5_0_quads_pack(w->data, n->mem, w->rows, w->cols);
-        p->bytes = bytes, p->owner = &quads_owner, p->release = quads_release;
+        if (want == 1) kvl__q5_0_quads_pack(w->data, n->mem, w->rows, w->cols);
+        else kvl__q4_k_sb_pack(w->data, n->mem, w->rows, w->cols);
+        n->row_bytes = rb, n->type = want == 1 ? KVL__TYPE_Q5_0_QUADS : KVL__TYPE_Q4_K_SB;
+        p->bytes = bytes, p->owner = &copy_owner, p->release = copy_release;
         kvl__wpack_count((long long)bytes);
-        __atomic_store_n((struct quads **)&p->impl, n, __ATOMIC_RELEASE);
+        __atomic_store_n((struct decode_copy **)&p->impl, n, __ATOMIC_RELEASE);
       } else free(n);
     }
-    pthread_mutex_unlock(&quads_mu);
-    k = __atomic_load_n((struct quads **)&p->impl, __ATOMIC_ACQUIRE);
+    pthread_mutex_unlock(&copy_mu);
+    k = __atomic_load_n((struct decode_copy **)&p->impl, __ATOMIC_ACQUIRE);
   }
-  return k && p->owner == &quads_owner ? k->mem : NULL;
+  if (!k || p->owner != &copy_owner) return NULL;
+  *type = k->type, *row_bytes = k->row_bytes;
+  return k->mem;
 }
 
 static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens) {
@@ -182,12 +224,13 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
         kvl__q4_k_act_factors(xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16), K, xf + (int64_t)t * (K / 16));
     }
   }
-  /* Q5_0 for the one-token kernels: their copy in quads (KVL__TYPE_Q5_0_QUADS) */
+  /* Q5_0 and Q4_K for the one-token kernels: their rearranged copies (kvl__decode_copy) */
   uint32_t wt = w->type;
   const void *wd = w->data;
-  if (xp && be->q5_0_quads && w->type == KVL_TYPE_Q5_0 && K % 128 == 0) {
-    const void *c = kvl__q5_0_quads(w);
-    if (c) wt = KVL__TYPE_Q5_0_QUADS, wd = c;
+  size_t rb1 = rb;
+  if (xp && be->decode_copies) {
+    const void *c = kvl__decode_copy(w, &wt, &rb1);
+    if (c) wd = c;
   }
   /* several tokens: the per-token scales as vectors, prepared once (kvl__qdot_vec_*) */
   float *sx = NULL, *cx = NULL;
@@ -211,14 +254,14 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
       const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
       const int64_t r0 = N * id / nt, r1 = N * (id + 1) / nt;
       if (r1 > r0)
-        rows_rc |= be->qdot1_rows(wt, (const uint8_t *)wd + (size_t)r0 * rb, rb, r1 - r0, K, xq, xp, xd, xs, xf,
+        rows_rc |= be->qdot1_rows(wt, (const uint8_t *)wd + (size_t)r0 * rb1, rb1, r1 - r0, K, xq, xp, xd, xs, xf,
                                   w->bias ? w->bias + r0 : NULL, y + r0);
     }
   }
   if (rows_rc != 0) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < N; r++) {
-      const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb, *row1 = (const uint8_t *)wd + (size_t)r * rb;
+      const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb, *row1 = (const uint8_t *)wd + (size_t)r * rb1;
       float v[KVL__QDOT_MAX_T];
       if (xp) {
         if (n_tokens < 2 || !be->qdot1n || be->qdot1n(wt, row1, K, n_tokens, xq, xp, xd, xs, xf, v) != 0)
@@ -639,7 +682,7 @@ static kvl_backend_t be_avx2_sink = {.name = "cpu-avx2-fp32", .ops = &cpu_ops, .
 #define VNNI_DECODE                                                                                            \
   .q8_act = kvl__q8_act, .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni, .q8_order = kvl__q8_order, \
   .qdot1n = kvl__qdot1n_avx512vnni, .qdot1_rows = kvl__qdot1_rows_avx512vnni,                                \
-  .qdot_vec = kvl__qdot_vec_avx512vnni, .q5_0_quads = true
+  .qdot_vec = kvl__qdot_vec_avx512vnni, .decode_copies = true
 static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE};
 /* The same, with batches of 7 or more tokens on the tokens-in-lanes kernel (16 per vector,
  * vpdpbusd: it costs about the same for 4 tokens as for 16); up to 6 the single-token

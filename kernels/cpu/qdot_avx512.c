@@ -368,10 +368,10 @@ static float dot1_q4_k(const uint8_t *w, int64_t nb, const struct acts *a) {
  * as dot1_q4_k in another order. */
 static inline __attribute__((always_inline)) void dotn_q4_k_pairs(const uint8_t *w, int64_t nb, int64_t K,
                                                                   const int8_t *xp, const float *xf, float *out,
-                                                                  const int T);
+                                                                  const int T, const int sb);
 static float dot1_q4_k_pairs(const uint8_t *w, int64_t nb, const int8_t *xp, const float *xf) {
   float out;
-  dotn_q4_k_pairs(w, nb, 0, xp, xf, &out, 1); /* the several-token form's one-token case */
+  dotn_q4_k_pairs(w, nb, 0, xp, xf, &out, 1, 0); /* the several-token form's one-token case */
   return out;
 }
 
@@ -385,9 +385,12 @@ static float dot1_q4_k_pairs(const uint8_t *w, int64_t nb, const int8_t *xp, con
  * checks). Registers: three or four vectors per token. */
 #define QDOT1N_MAX 6
 
+/* sb: w is KVL__TYPE_Q4_K_SB (the scales and mins already bytes: one load instead of
+ * kvl__q4_k_scale_bytes's eight operations; the same values, the same bits). A Zen 4,
+ * one token, 4864 x 1536 in L3: 46 -> 56 GB/s of GGUF bytes. */
 static inline __attribute__((always_inline)) void dotn_q4_k_pairs(const uint8_t *w, int64_t nb, int64_t K,
                                                                   const int8_t *xp, const float *xf, float *out,
-                                                                  const int T) {
+                                                                  const int T, const int sb) {
   const __m512i lo4 = _mm512_set1_epi8(0x0f);
   const __m512i ilo0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
   const __m512i ihi0 = _mm512_add_epi32(ilo0, _mm512_set1_epi32(1));
@@ -396,14 +399,15 @@ static inline __attribute__((always_inline)) void dotn_q4_k_pairs(const uint8_t 
   const __m512i dsel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   __m512 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX];
   for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b++, w += 144) {
+  for (int64_t b = 0; b < nb; b++, w += sb ? KVL__Q4_K_SB_BYTES : 144) {
     _mm_prefetch((const char *)w + 4096, _MM_HINT_T1);
     _mm_prefetch((const char *)w + 4160, _MM_HINT_T1);
     _mm_prefetch((const char *)w + 4224, _MM_HINT_T1);
-    const __m128i sm = kvl__q4_k_scale_bytes(w + 4);
+    const __m128i sm = sb ? _mm_loadu_si128((const __m128i *)(w + 4)) : kvl__q4_k_scale_bytes(w + 4);
     const __m512 dm = _mm512_permutexvar_ps(dsel, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadu_si32(w))));
     const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm)), dm);
-    const __m512i r0 = _mm512_loadu_si512(w + 16), r1 = _mm512_loadu_si512(w + 80);
+    const uint8_t *cq = w + (sb ? 20 : 16);
+    const __m512i r0 = _mm512_loadu_si512(cq), r1 = _mm512_loadu_si512(cq + 64);
     const __m512i u0 = _mm512_and_si512(r0, lo4), u1 = _mm512_and_si512(_mm512_srli_epi16(r0, 4), lo4);
     const __m512i u2 = _mm512_and_si512(r1, lo4), u3 = _mm512_and_si512(_mm512_srli_epi16(r1, 4), lo4);
 #pragma GCC unroll 6
@@ -591,6 +595,9 @@ static inline __attribute__((always_inline)) void dotn_q5_0_rq(const uint8_t *w,
     out[t] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr[t], _mm512_set1_ps(16.0f), _mm512_add_ps(acc0[t], acc1[t])));
 }
 
+#define dotn_q4_k_pairs_gguf(...) dotn_q4_k_pairs(__VA_ARGS__, 0)
+#define dotn_q4_k_pairs_sb(...) dotn_q4_k_pairs(__VA_ARGS__, 1)
+
 #define N1CASE(f, T, ...)                                                                                      \
   case T:                                                                                                      \
     f(__VA_ARGS__, T);                                                                                         \
@@ -609,7 +616,10 @@ static inline __attribute__((always_inline)) void dotn_q5_0_rq(const uint8_t *w,
 int kvl__qdot1n_avx512vnni(uint32_t type, const void *w, int64_t K, int n_tokens, const int8_t *xq, const int8_t *xp,
                            const float *xd, const int32_t *xs, const float *xf, float *out) {
   if (type == KVL_TYPE_Q4_K && xf) {
-    N1SWITCH(dotn_q4_k_pairs, w, K / 256, K, xp, xf, out)
+    N1SWITCH(dotn_q4_k_pairs_gguf, w, K / 256, K, xp, xf, out)
+  }
+  if (type == KVL__TYPE_Q4_K_SB && xf && K % 256 == 0) {
+    N1SWITCH(dotn_q4_k_pairs_sb, w, K / 256, K, xp, xf, out)
   }
   struct acts a[QDOT1N_MAX];
   for (int t = 0; t < n_tokens && t < QDOT1N_MAX; t++)
@@ -682,6 +692,11 @@ int kvl__qdot1_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t 
     *out = dot1_q4_k_pairs(w, K / 256, xp, xf);
     return 0;
   }
+  if (type == KVL__TYPE_Q4_K_SB) {
+    if (!xf || K % 256) return KVL_ENOTSUP;
+    dotn_q4_k_pairs(w, K / 256, 0, xp, xf, out, 1, 1);
+    return 0;
+  }
   if (type == KVL_TYPE_Q5_0 && K % 128 == 0) {
     struct acts a = {xq, xd, xs, K, 1};
     *out = dot1_q5_0_quads(w, K / 32, xp, &a);
@@ -717,7 +732,10 @@ int kvl__qdot1_rows_avx512vnni(uint32_t type, const void *w, size_t row_bytes, i
   switch (type) {
   case KVL_TYPE_Q4_K:
     if (!xf || K % 256) return KVL_ENOTSUP;
-    ROWS(dotn_q4_k_pairs(p, K / 256, 0, xp, xf, &v, 1));
+    ROWS(dotn_q4_k_pairs(p, K / 256, 0, xp, xf, &v, 1, 0));
+  case KVL__TYPE_Q4_K_SB:
+    if (!xf || K % 256) return KVL_ENOTSUP;
+    ROWS(dotn_q4_k_pairs(p, K / 256, 0, xp, xf, &v, 1, 1));
   case KVL_TYPE_Q6_K:
     if (K % 256) return KVL_ENOTSUP;
     ROWS(dotn_q6_k(p, K / 256, 0, xq, xd, xs, &v, 1));

@@ -503,12 +503,16 @@ static void test_qdot1_level(const char *level, q8_quant_fn quant) {
 static void test_qdot1_avx2(void) { test_qdot1_level("avx2int8", kvl__q8_act_avx2); }
 static void test_qdot1_avx512(void) { test_qdot1_level("avx512vnni", kvl__q8_act); }
 
-/* Q5_0 one-token products on the quads copy (KVL__TYPE_Q5_0_QUADS) against the GGUF rows:
- * the packer's bytes (every fifth bit where the kernels look for it) and the same bits
- * from kvl_matmul with a pack slot as without, for 1..6 tokens (the row kernel, qdot1n);
- * the copy is counted while it lives; where K is not a multiple of 128 none is made. */
-static void test_q5_0_quads(void) {
-  static const int64_t Ks[] = {128, 896, 1536, 4864, 864};
+/* One-token products on the decode copies (kvl__decode_copy: Q5_0 in quads, Q4_K with
+ * its scales as bytes) against the GGUF rows: the Q5_0 packer's bytes (every fifth bit
+ * where the kernels look for it) and the same bits from kvl_matmul with a pack slot as
+ * without, for 1..6 tokens (the row kernel, qdot1n; the Q4_K copy's scale bytes come from
+ * portable C, the GGUF path's from a vector unpack); the copy is counted while it lives;
+ * where K does not suit the copy none is made. */
+static void test_decode_copies(void) {
+  static const struct { uint32_t type; int64_t K; } cs[] = {
+    {KVL_TYPE_Q5_0, 128}, {KVL_TYPE_Q5_0, 896}, {KVL_TYPE_Q5_0, 1536}, {KVL_TYPE_Q5_0, 4864}, {KVL_TYPE_Q5_0, 864},
+    {KVL_TYPE_Q4_K, 256}, {KVL_TYPE_Q4_K, 1536}, {KVL_TYPE_Q4_K, 8960}, {KVL_TYPE_Q8_0, 1536}};
   const int64_t R = 37;
   uint8_t *w = make_weight(KVL_TYPE_Q5_0, 1, 128), *p = malloc(88);
   kvl__q5_0_quads_pack(w, p, 1, 128);
@@ -524,12 +528,13 @@ static void test_q5_0_quads(void) {
   for (int l = 0; l < 3; l++) {
     kvl_backend_t *be = kvl_backend_cpu_level(levels[l]);
     if (!be) continue;
-    CHECK(be->q5_0_quads);
-    for (size_t i = 0; i < sizeof(Ks) / sizeof(Ks[0]); i++) {
-      const int64_t K = Ks[i];
-      void *wd = make_weight(KVL_TYPE_Q5_0, R, K);
+    CHECK(be->decode_copies);
+    for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+      const int64_t K = cs[i].K;
+      const uint32_t ty = cs[i].type;
+      void *wd = make_weight(ty, R, K);
       struct kvl_wpack slot = {0};
-      const struct kvl_weight plain = {KVL_TYPE_Q5_0, K, R, wd, NULL, NULL}, slotted = {KVL_TYPE_Q5_0, K, R, wd, NULL, &slot};
+      const struct kvl_weight plain = {ty, K, R, wd, NULL, NULL}, slotted = {ty, K, R, wd, NULL, &slot};
       const size_t before = kvl_wpack_total_bytes();
       for (int T = 1; T <= KVL__QDOT1_MAX_T; T++) {
         float *x = malloc((size_t)T * K * 4), *y0 = malloc((size_t)T * R * 4), *y1 = malloc((size_t)T * R * 4);
@@ -539,7 +544,9 @@ static void test_q5_0_quads(void) {
         CHECK(memcmp(y0, y1, (size_t)T * R * 4) == 0);
         free(x), free(y0), free(y1);
       }
-      const size_t made = K % 128 ? 0 : kvl_row_size(KVL_TYPE_Q5_0, K) * R;
+      const size_t made = ty == KVL_TYPE_Q5_0 && K % 128 == 0 ? kvl_row_size(ty, K) * R
+                          : ty == KVL_TYPE_Q4_K                 ? (size_t)(K / 256) * KVL__Q4_K_SB_BYTES * R
+                                                                : 0;
       CHECK(kvl_wpack_total_bytes() - before == made && (slot.impl != NULL) == (made != 0));
       kvl_wpack_release(&slot);
       CHECK(kvl_wpack_total_bytes() == before && !slot.impl);
@@ -739,6 +746,7 @@ int main(int argc, char **argv) {
   const char *levels[] = {"scalar",     "avx2",         "avx2int8", "avx2int8mm", "avx512",
                           "avx512vnni", "avx512vnnimm", "amx",      "avx512bf16"};
   bool do_perf = argc > 1 && !strcmp(argv[1], "--perf");
+  if (!do_perf) setenv("KVL_DECODE_REPACK", "all", 1); /* every decode copy is tested (default: Q5_0's) */
   for (int i = 0; i < (int)(sizeof(levels) / sizeof(levels[0])); i++) {
     kvl_backend_t *be = kvl_backend_cpu_level(levels[i]);
     if (!be) { printf("skip %s (not supported by this processor)\n", levels[i]); continue; }
@@ -774,7 +782,7 @@ int main(int argc, char **argv) {
     RUN(test_qdot_vec);
     RUN(test_qdot1_avx2);
     RUN(test_qdot1_avx512);
-    RUN(test_q5_0_quads);
+    RUN(test_decode_copies);
     RUN(test_q8_act);
     RUN(test_sgemm);
     mm_cases_free();
