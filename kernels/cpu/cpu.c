@@ -128,7 +128,20 @@ void kvl__q4_k_sb_pack(const void *src, void *dst, int64_t rows, int64_t K) {
   }
 }
 
-/* The one-token kernels' copies (KVL__TYPE_Q5_0_QUADS, KVL__TYPE_Q4_K_SB), made by
+void kvl__q8_0_sc_pack(const void *src, void *dst, int64_t rows, int64_t K) {
+  const int64_t nb = K / 32;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    const uint8_t *s = (const uint8_t *)src + (size_t)r * (size_t)nb * 34;
+    uint8_t *d = (uint8_t *)dst + (size_t)r * (size_t)nb * 34, *q = d + 2 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+      memcpy(d + 2 * b, s + 34 * b, 2);
+      for (int i = 0; i < 32; i++) q[32 * b + i] = s[34 * b + 2 + i] ^ 0x80;
+    }
+  }
+}
+
+/* The one-token kernels' copies (KVL__TYPE_Q5_0_QUADS, KVL__TYPE_Q4_K_SB, KVL__TYPE_Q8_0_SC), made by
  * kvl_backend_prepare or at the weight's first decode product, kept in its kvl_wpack
  * slot. A copy is the matrix's size again (the GGUF bytes stay: prefill, the 7..16-token
  * kernels and the fp32 sink rows read them); KVL_DECODE_REPACK says which formats get one
@@ -145,18 +158,32 @@ static void copy_release(struct kvl_wpack *p) {
   p->impl = NULL, p->bytes = 0, p->owner = NULL, p->release = NULL;
 }
 
-/* KVL_DECODE_REPACK=q5_0 (the default) | q4_k | all | 0: which formats get a copy (bit 0
- * Q5_0, bit 1 Q4_K). Q4_K's is off by default: its kernel is 16 % faster on a matrix in
- * L3 (test-backend-ops --perf, a Zen 4), but the 1.5B's tg128 did not move (five pairs in
- * turn, bench-prefill-decode -p 0 -n 128 -r 5: +0.3 tokens/s on ~36, within the noise)
- * for 613 MiB more and 1.4-4 s more at load; its decode there waits on memory. */
+/* KVL_DECODE_REPACK: which formats get a copy, a comma-separated list of q5_0, q4_k, q8_0
+ * (or all, or 0); default q5_0. Bits: 1 Q5_0, 2 Q4_K, 4 Q8_0. The Q4_K and Q8_0 copies
+ * are off by default: their kernels are faster on a matrix in L3 (test-backend-ops --perf,
+ * 4864 x 1536, one token, a Zen 4: Q4_K 46 -> 53 GB/s, Q8_0 57 -> 88), but the models'
+ * tg128 did not move beyond the noise (bench-prefill-decode -p 0 -n 128 -r 5, in turn:
+ * the 1.5B with Q4_K's, five pairs, +0.3 tokens/s on ~36, for 613 MiB more; the 0.5B
+ * with Q8_0's (its output head), six pairs, median +0.8 on ~92, for 139 MiB more): those
+ * products wait on memory, not on the unpacking. Q5_0's moved the 0.5B 74 -> 94. */
 static int decode_repack(void) {
   static int on = -1;
   if (on < 0) {
     const char *e = getenv("KVL_DECODE_REPACK");
-    on = !e || !strcmp(e, "q5_0") ? 1 : !strcmp(e, "q4_k") ? 2 : !strcmp(e, "all") ? 3 : 0;
-    if (e && !on && strcmp(e, "0") && strcmp(e, "off"))
-      fprintf(stderr, "kvlingo: KVL_DECODE_REPACK=%s: expected q5_0, q4_k, all or 0; no copies made\n", e);
+    on = e ? 0 : 1;
+    for (const char *t = e; t && *t;) {
+      const size_t n = strcspn(t, ",");
+      static const struct { const char *name; int bits; } names[] = {{"q5_0", 1}, {"q4_k", 2}, {"q8_0", 4},
+                                                                    {"all", 7},  {"0", 0},    {"off", 0}};
+      const size_t nn = sizeof(names) / sizeof(names[0]);
+      size_t k = 0;
+      while (k < nn && !(strlen(names[k].name) == n && !strncmp(t, names[k].name, n))) k++;
+      if (k == nn)
+        fprintf(stderr, "kvlingo: KVL_DECODE_REPACK=%s: '%.*s' is not q5_0, q4_k, q8_0, all or 0; ignored\n", e,
+                (int)n, t);
+      else on |= names[k].bits;
+      t += n + (t[n] == ',');
+    }
     if (!int8_decode_enabled()) on = 0;
   }
   return on;
@@ -166,20 +193,23 @@ const void *kvl__decode_copy(const struct kvl_weight *w, uint32_t *type, size_t 
   struct kvl_wpack *p = w->pack;
   const int want = w->type == KVL_TYPE_Q5_0 && w->cols % 128 == 0   ? 1
                    : w->type == KVL_TYPE_Q4_K && w->cols % 256 == 0 ? 2
+                   : w->type == KVL_TYPE_Q8_0 && w->cols % 64 == 0  ? 4
                                                                      : 0;
   if (!p || !(decode_repack() & want)) return NULL;
   struct decode_copy *k = __atomic_load_n((struct decode_copy **)&p->impl, __ATOMIC_ACQUIRE);
   if (!k) {
     pthread_mutex_lock(&copy_mu);
     if (!p->impl) {
-      const size_t rb = want == 1 ? kvl_row_size(w->type, (uint64_t)w->cols)
-                                  : (size_t)(w->cols / 256) * KVL__Q4_K_SB_BYTES;
+      const size_t rb = want == 2 ? (size_t)(w->cols / 256) * KVL__Q4_K_SB_BYTES
+                                  : kvl_row_size(w->type, (uint64_t)w->cols);
       const size_t bytes = rb * (size_t)w->rows;
       struct decode_copy *n = malloc(sizeof(*n));
       if (n && (n->mem = kvl_huge_alloc(bytes, &n->mapped))) {
         if (want == 1) kvl__q5_0_quads_pack(w->data, n->mem, w->rows, w->cols);
-        else kvl__q4_k_sb_pack(w->data, n->mem, w->rows, w->cols);
-        n->row_bytes = rb, n->type = want == 1 ? KVL__TYPE_Q5_0_QUADS : KVL__TYPE_Q4_K_SB;
+        else if (want == 2) kvl__q4_k_sb_pack(w->data, n->mem, w->rows, w->cols);
+        else kvl__q8_0_sc_pack(w->data, n->mem, w->rows, w->cols);
+        n->row_bytes = rb;
+        n->type = want == 1 ? KVL__TYPE_Q5_0_QUADS : want == 2 ? KVL__TYPE_Q4_K_SB : KVL__TYPE_Q8_0_SC;
         p->bytes = bytes, p->owner = &copy_owner, p->release = copy_release;
         kvl__wpack_count((long long)bytes);
         __atomic_store_n((struct decode_copy **)&p->impl, n, __ATOMIC_RELEASE);

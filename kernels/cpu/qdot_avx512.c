@@ -471,12 +471,17 @@ static inline __attribute__((always_inline)) void dotn_blocks16(const uint8_t *w
                                                                 const int stride, const int q5, float *out, const int T) {
   __m512 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX], sc[QDOT1N_MAX];
   const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  /* stride 0: KVL__TYPE_Q8_0_SC (the scales first, then the codes as u8) */
+  const uint8_t *const w0 = w, *const codes = w + 2 * nb;
   for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b += 16, w += 16 * stride) {
     int n = nb - b < 16 ? (int)(nb - b) : 16;
     __mmask16 m = (__mmask16)(0xffffu >> (16 - n));
-    for (int o = 0; o < 16 * stride; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T0);
-    __m512 ws = block_scales16(w, stride, m);
+    if (stride)
+      for (int o = 0; o < 16 * stride; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T0);
+    else
+      for (int o = 0; o < 16 * 32; o += 64) _mm_prefetch((const char *)codes + 32 * b + 4096 + o, _MM_HINT_T0);
+    __m512 ws = stride ? block_scales16(w, stride, m) : _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w0 + 2 * b));
 #pragma GCC unroll 6
     for (int t = 0; t < T; t++) {
       sc[t] = _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(m, DA(&a[t], 0) + b));
@@ -485,7 +490,11 @@ static inline __attribute__((always_inline)) void dotn_blocks16(const uint8_t *w
     int j = 0;
     for (; j + 4 <= n; j += 4) {
       const uint8_t *p = w + j * stride;
-      __m512i u0 = q5 ? kvl__q5_0_pair(p) : kvl__q8_0_pair(p), u1 = q5 ? kvl__q5_0_pair(p + 2 * stride) : kvl__q8_0_pair(p + 2 * stride);
+      __m512i u0, u1;
+      if (!stride)
+        u0 = _mm512_loadu_si512(codes + 32 * (b + j)), u1 = _mm512_loadu_si512(codes + 32 * (b + j + 2));
+      else if (q5) u0 = kvl__q5_0_pair(p), u1 = kvl__q5_0_pair(p + 2 * stride);
+      else u0 = kvl__q8_0_pair(p), u1 = kvl__q8_0_pair(p + 2 * stride);
       __m512i i0 = _mm512_add_epi32(lanes, _mm512_set1_epi32(j));
       __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(2));
 #pragma GCC unroll 6
@@ -499,7 +508,7 @@ static inline __attribute__((always_inline)) void dotn_blocks16(const uint8_t *w
     }
     if (j < n) {
       const uint8_t *p = w + j * stride;
-      __m512i u0 = q5 ? kvl__q5_0_pair(p) : kvl__q8_0_pair(p);
+      __m512i u0 = !stride ? _mm512_loadu_si512(codes + 32 * (b + j)) : q5 ? kvl__q5_0_pair(p) : kvl__q8_0_pair(p);
       for (int t = 0; t < T; t++) {
         __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(QA(&a[t], 0) + 32 * (b + j)));
         acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0),
@@ -634,6 +643,9 @@ int kvl__qdot1n_avx512vnni(uint32_t type, const void *w, int64_t K, int n_tokens
     const int stride = type == KVL_TYPE_Q5_0 ? 22 : 34, q5 = type == KVL_TYPE_Q5_0;
     N1SWITCH(dotn_blocks16, w, K / 32, a, stride, q5, out)
   }
+  if (type == KVL__TYPE_Q8_0_SC && K % 64 == 0) {
+    N1SWITCH(dotn_blocks16, w, K / 32, a, 0, 0, out)
+  }
   if (type == KVL_TYPE_Q6_K) {
     N1SWITCH(dotn_q6_k, w, K / 256, K, xq, xd, xs, out)
   }
@@ -692,6 +704,12 @@ int kvl__qdot1_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t 
     *out = dot1_q4_k_pairs(w, K / 256, xp, xf);
     return 0;
   }
+  if (type == KVL__TYPE_Q8_0_SC) {
+    if (K % 64) return KVL_ENOTSUP;
+    struct acts a = {xq, xd, xs, K, 1};
+    dotn_blocks16(w, K / 32, &a, 0, 0, out, 1);
+    return 0;
+  }
   if (type == KVL__TYPE_Q4_K_SB) {
     if (!xf || K % 256) return KVL_ENOTSUP;
     dotn_q4_k_pairs(w, K / 256, 0, xp, xf, out, 1, 1);
@@ -746,6 +764,9 @@ int kvl__qdot1_rows_avx512vnni(uint32_t type, const void *w, size_t row_bytes, i
     if (K % 128) return KVL_ENOTSUP;
     ROWS(dotn_q5_0_rq(p, K / 32, 0, xp, &a, &v, 1));
   case KVL_TYPE_Q8_0: ROWS(dot_q8_0(p, K / 32, &a, &v));
+  case KVL__TYPE_Q8_0_SC:
+    if (K % 64) return KVL_ENOTSUP;
+    ROWS(dotn_blocks16(p, K / 32, &a, 0, 0, &v, 1));
   default: return KVL_ENOTSUP;
   }
 #undef ROWS

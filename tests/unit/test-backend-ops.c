@@ -504,7 +504,7 @@ static void test_qdot1_avx2(void) { test_qdot1_level("avx2int8", kvl__q8_act_avx
 static void test_qdot1_avx512(void) { test_qdot1_level("avx512vnni", kvl__q8_act); }
 
 /* One-token products on the decode copies (kvl__decode_copy: Q5_0 in quads, Q4_K with
- * its scales as bytes) against the GGUF rows: the Q5_0 packer's bytes (every fifth bit
+ * its scales as bytes, Q8_0 with its scales first) against the GGUF rows: the Q5_0 packer's bytes (every fifth bit
  * where the kernels look for it) and the same bits from kvl_matmul with a pack slot as
  * without, for 1..6 tokens (the row kernel, qdot1n; the Q4_K copy's scale bytes come from
  * portable C, the GGUF path's from a vector unpack); the copy is counted while it lives;
@@ -512,7 +512,8 @@ static void test_qdot1_avx512(void) { test_qdot1_level("avx512vnni", kvl__q8_act
 static void test_decode_copies(void) {
   static const struct { uint32_t type; int64_t K; } cs[] = {
     {KVL_TYPE_Q5_0, 128}, {KVL_TYPE_Q5_0, 896}, {KVL_TYPE_Q5_0, 1536}, {KVL_TYPE_Q5_0, 4864}, {KVL_TYPE_Q5_0, 864},
-    {KVL_TYPE_Q4_K, 256}, {KVL_TYPE_Q4_K, 1536}, {KVL_TYPE_Q4_K, 8960}, {KVL_TYPE_Q8_0, 1536}};
+    {KVL_TYPE_Q4_K, 256}, {KVL_TYPE_Q4_K, 1536}, {KVL_TYPE_Q4_K, 8960}, {KVL_TYPE_Q8_0, 1536}, {KVL_TYPE_Q8_0, 896},
+    {KVL_TYPE_Q8_0, 64}, {KVL_TYPE_Q8_0, 4864}};
   const int64_t R = 37;
   uint8_t *w = make_weight(KVL_TYPE_Q5_0, 1, 128), *p = malloc(88);
   kvl__q5_0_quads_pack(w, p, 1, 128);
@@ -544,8 +545,8 @@ static void test_decode_copies(void) {
         CHECK(memcmp(y0, y1, (size_t)T * R * 4) == 0);
         free(x), free(y0), free(y1);
       }
-      const size_t made = ty == KVL_TYPE_Q5_0 && K % 128 == 0 ? kvl_row_size(ty, K) * R
-                          : ty == KVL_TYPE_Q4_K                 ? (size_t)(K / 256) * KVL__Q4_K_SB_BYTES * R
+      const size_t made = ty == KVL_TYPE_Q4_K ? (size_t)(K / 256) * KVL__Q4_K_SB_BYTES * R
+                          : ty == KVL_TYPE_Q8_0 || K % 128 == 0 ? kvl_row_size(ty, K) * R
                                                                 : 0;
       CHECK(kvl_wpack_total_bytes() - before == made && (slot.impl != NULL) == (made != 0));
       kvl_wpack_release(&slot);
