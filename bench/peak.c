@@ -10,6 +10,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -269,5 +270,91 @@ double kvl_bench_peak_measure(const struct kvl_bench_peak *p, int threads, int r
   for (int r = 0; r < runs; r++) s[r] = q->ops_per_iter * (double)iters * threads / time_probe(q->f, iters, threads) / 1e9;
   double med = kvl_bench_median(s, runs);
   if (!samples) free(s);
+  return med;
+}
+
+/* ---- memory read bandwidth (peak.h) ---------------------------------------------------
+ * The sum is returned so the loads cannot be dropped. */
+
+__attribute__((target("avx512f"))) float kvl_bench_read_avx512(const float *p, size_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (size_t i = 0; i < n; i += KVL_BENCH_READ_STEP) {
+    a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i + 0));
+    a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
+    a4 = _mm512_add_ps(a4, _mm512_load_ps(p + i + 64));
+    a5 = _mm512_add_ps(a5, _mm512_load_ps(p + i + 80));
+    a6 = _mm512_add_ps(a6, _mm512_load_ps(p + i + 96));
+    a7 = _mm512_add_ps(a7, _mm512_load_ps(p + i + 112));
+  }
+  __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                           _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+  return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2"))) float kvl_bench_read_avx2(const float *p, size_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (size_t i = 0; i < n; i += KVL_BENCH_READ_STEP) {
+    /* 16 loads of 32 bytes; 8 accumulators, each fed twice */
+    a0 = _mm256_add_ps(a0, _mm256_add_ps(_mm256_load_ps(p + i + 0), _mm256_load_ps(p + i + 8)));
+    a1 = _mm256_add_ps(a1, _mm256_add_ps(_mm256_load_ps(p + i + 16), _mm256_load_ps(p + i + 24)));
+    a2 = _mm256_add_ps(a2, _mm256_add_ps(_mm256_load_ps(p + i + 32), _mm256_load_ps(p + i + 40)));
+    a3 = _mm256_add_ps(a3, _mm256_add_ps(_mm256_load_ps(p + i + 48), _mm256_load_ps(p + i + 56)));
+    a4 = _mm256_add_ps(a4, _mm256_add_ps(_mm256_load_ps(p + i + 64), _mm256_load_ps(p + i + 72)));
+    a5 = _mm256_add_ps(a5, _mm256_add_ps(_mm256_load_ps(p + i + 80), _mm256_load_ps(p + i + 88)));
+    a6 = _mm256_add_ps(a6, _mm256_add_ps(_mm256_load_ps(p + i + 96), _mm256_load_ps(p + i + 104)));
+    a7 = _mm256_add_ps(a7, _mm256_add_ps(_mm256_load_ps(p + i + 112), _mm256_load_ps(p + i + 120)));
+  }
+  __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                           _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+/* Portable fallback (the compiler's baseline vectorisation). */
+float kvl_bench_read_scalar(const float *p, size_t n) {
+  float a[8] = {0};
+  for (size_t i = 0; i < n; i += 8)
+    for (int j = 0; j < 8; j++) a[j] += p[i + j];
+  return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+}
+
+/* Everything a reader returns lands here, so no read can be optimised away. */
+static volatile float read_sink;
+
+double kvl_bench_time_read(kvl_bench_read_fn f, const float *buf, size_t n, int threads) {
+  float total = 0;
+  double t0 = kvl_bench_now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+    size_t steps = n / KVL_BENCH_READ_STEP, t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+    size_t lo = steps * t / nt * KVL_BENCH_READ_STEP, hi = steps * (t + 1) / nt * KVL_BENCH_READ_STEP;
+    total += f(buf + lo, hi - lo);
+  }
+  double dt = kvl_bench_now() - t0;
+  read_sink += total;
+  return dt;
+}
+
+double kvl_bench_read_bandwidth(size_t mib, int threads, int runs, double *samples) {
+  const size_t bytes = mib << 20, n = bytes / sizeof(float);
+  float *buf = aligned_alloc(2u << 20, bytes);
+  if (!buf || runs < 1) { free(buf); return -1.0; }
+  madvise(buf, bytes, MADV_HUGEPAGE);
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023) * (1.0f / 1024.0f);
+  __builtin_cpu_init();
+  const kvl_bench_read_fn f = __builtin_cpu_supports("avx512f") ? kvl_bench_read_avx512
+                              : __builtin_cpu_supports("avx2")  ? kvl_bench_read_avx2
+                                                                : kvl_bench_read_scalar;
+  double *s = samples ? samples : malloc((size_t)runs * sizeof(double));
+  kvl_bench_time_read(f, buf, n, threads); /* warm-up */
+  for (int r = 0; r < runs; r++) s[r] = (double)bytes / kvl_bench_time_read(f, buf, n, threads) / 1e9;
+  const double med = kvl_bench_median(s, runs);
+  if (!samples) free(s);
+  free(buf);
   return med;
 }

@@ -44,6 +44,7 @@
 
 #define TG_PROMPT 16       /* tokens of context before the decode steps of tg<N> */
 #define MAX_MODELS 16
+#define BW_MIB 1024        /* --bw auto: the read probe's buffer, far beyond any L3 here */
 #define TOKEN_SEED 0x6b766c696e676fULL /* "kvlingo" */
 #define TOKEN_LO 1000
 #define TOKEN_HI 20000
@@ -65,6 +66,7 @@ struct bench_opts {
   int runs;                       /* timed runs per figure */
   enum kvl_kv_dtype kv;           /* KV cache storage */
   double bw_gbps;                 /* memory bandwidth for roofline_pct; 0 = not given */
+  bool bw_auto;                   /* --bw auto: measured around each model's tg runs */
   double peak_gops;               /* arithmetic peak of the prefill's dtype; 0 = none */
   const struct kvl_bench_peak *peak; /* the probe it was measured with, if measured */
   const char *out;                /* results directory */
@@ -263,6 +265,11 @@ static int bench_model(const char *path, const char *name, const struct bench_op
    * timed decode steps, each one token with logits, as a generation loop runs them. */
   if (o->tg > 0) {
     snprintf(test, sizeof(test), "tg%d", o->tg);
+    /* --bw auto: the read bandwidth just before and just after (a shared host's changes
+     * by the minute: 34 and 62 GB/s within half an hour on a 2-core Zen 4); the larger of
+     * the two is the roofline, so a window of low bandwidth cannot inflate the figure */
+    double bw_before = 0, bw_after = 0;
+    if (o->bw_auto) bw_before = kvl_bench_read_bandwidth(BW_MIB, threads, 3, NULL);
     for (int r = 0; r < o->runs; r++) {
       for (int t = 0; t < TG_PROMPT; t++) { pos[t] = t; want[t] = t == TG_PROMPT - 1; }
       struct kvl_batch b = {TG_PROMPT, ids, pos, seq, want};
@@ -285,6 +292,8 @@ static int bench_model(const char *path, const char *name, const struct bench_op
       fprintf(stderr, "  %s %s run %d/%d: %.2f tokens/s (%.3f s)\n", name, test, r + 1, o->runs, s[r], dt);
     }
     kvl_bench_stats_compute(s, o->runs, &st);
+    if (o->bw_auto) bw_after = kvl_bench_read_bandwidth(BW_MIB, threads, 3, NULL);
+    const double bw = o->bw_auto ? (bw_before > bw_after ? bw_before : bw_after) : o->bw_gbps;
     const uint64_t wbytes = weight_bytes_per_token(m);
     json_t *res = kvl_bench_report_add(rep, name, test, st.median, "tokens/s", o->runs, st.sd);
     json_object_set_new(res, "kv", json_string(kvname));
@@ -294,11 +303,15 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     json_object_set_new(res, "weight_mib_per_token", json_real((double)wbytes / (1 << 20)));
     json_object_set_new(res, "repacked_mib", json_real((double)kvl_wpack_total_bytes() / (1 << 20)));
     printf("%-20s %-7s %9.2f tokens/s  (sd %.2f, %d runs)", name, test, st.median, st.sd, o->runs);
-    if (o->bw_gbps > 0) {
-      double pct = (double)wbytes * st.median / (o->bw_gbps * 1e9) * 100.0;
+    if (bw > 0) {
+      double pct = (double)wbytes * st.median / (bw * 1e9) * 100.0;
       json_object_set_new(res, "roofline_pct", json_real(pct));
-      json_object_set_new(res, "bw_gbps", json_real(o->bw_gbps));
-      printf("  %.1f%% of %.1f GB/s (%.1f MiB weights/token)", pct, o->bw_gbps, (double)wbytes / (1 << 20));
+      json_object_set_new(res, "bw_gbps", json_real(bw));
+      if (o->bw_auto) {
+        json_object_set_new(res, "bw_before_gbps", json_real(bw_before));
+        json_object_set_new(res, "bw_after_gbps", json_real(bw_after));
+      }
+      printf("  %.1f%% of %.1f GB/s (%.1f MiB weights/token)", pct, bw, (double)wbytes / (1 << 20));
     }
     printf("\n");
   }
@@ -333,8 +346,9 @@ static void usage(FILE *f) {
     "  -r, --runs N       timed runs per figure (default 5)\n"
     "      --kv bf16|f32  KV cache storage (default bf16)\n"
     "      --backend cpu|cuda  the CPU backend (default) or the CUDA one (kernels/cuda/)\n"
-    "      --bw GBPS      memory bandwidth (e.g. bench-roofline's all-cores figure): adds\n"
-    "                     roofline_pct to tg results\n"
+    "      --bw GBPS|auto memory bandwidth (e.g. bench-roofline's all-cores figure): adds\n"
+    "                     roofline_pct to tg results; auto: read bandwidth measured just\n"
+    "                     before and after each model's tg runs (1 GiB, 3 reads), the larger\n"
     "      --peak GOPS    arithmetic peak for the pp results' roofline_pct (default: measured\n"
     "                     here, for the data type of the backend's prefill matmuls; 0 = none)\n"
     "      --out DIR      where to write the results (default bench/results)\n"
@@ -399,6 +413,10 @@ int main(int argc, char **argv) {
       else { fprintf(stderr, "bench-prefill-decode: --kv is bf16 or f32, not '%s'\n", optarg); return 2; }
       break;
     case O_BW:
+      if (!strcmp(optarg, "auto")) {
+        o.bw_auto = true;
+        break;
+      }
       o.bw_gbps = strtod(optarg, &end);
       if (*end || !(o.bw_gbps > 0)) { fprintf(stderr, "bench-prefill-decode: --bw must be a positive number of GB/s\n"); return 2; }
       break;

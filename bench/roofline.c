@@ -30,80 +30,6 @@
 #include "bench_common.h"
 #include "peak.h"
 
-/* ---- memory read kernels ----------------------------------------------------------
- * Each sums n floats (n a multiple of READ_STEP, p 64-byte aligned) into 8 independent
- * accumulators, so the adds never limit the loads; the sum is returned so the loads
- * cannot be dropped. */
-#define READ_STEP 128 /* floats per loop iteration: 512 bytes, 8 cache lines */
-
-typedef float (*read_fn)(const float *p, size_t n);
-
-__attribute__((target("avx512f"))) static float read_avx512(const float *p, size_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  for (size_t i = 0; i < n; i += READ_STEP) {
-    a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i + 0));
-    a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
-    a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
-    a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
-    a4 = _mm512_add_ps(a4, _mm512_load_ps(p + i + 64));
-    a5 = _mm512_add_ps(a5, _mm512_load_ps(p + i + 80));
-    a6 = _mm512_add_ps(a6, _mm512_load_ps(p + i + 96));
-    a7 = _mm512_add_ps(a7, _mm512_load_ps(p + i + 112));
-  }
-  __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                           _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-  return _mm512_reduce_add_ps(s);
-}
-
-__attribute__((target("avx2"))) static float read_avx2(const float *p, size_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  for (size_t i = 0; i < n; i += READ_STEP) {
-    /* 16 loads of 32 bytes; 8 accumulators, each fed twice */
-    a0 = _mm256_add_ps(a0, _mm256_add_ps(_mm256_load_ps(p + i + 0), _mm256_load_ps(p + i + 8)));
-    a1 = _mm256_add_ps(a1, _mm256_add_ps(_mm256_load_ps(p + i + 16), _mm256_load_ps(p + i + 24)));
-    a2 = _mm256_add_ps(a2, _mm256_add_ps(_mm256_load_ps(p + i + 32), _mm256_load_ps(p + i + 40)));
-    a3 = _mm256_add_ps(a3, _mm256_add_ps(_mm256_load_ps(p + i + 48), _mm256_load_ps(p + i + 56)));
-    a4 = _mm256_add_ps(a4, _mm256_add_ps(_mm256_load_ps(p + i + 64), _mm256_load_ps(p + i + 72)));
-    a5 = _mm256_add_ps(a5, _mm256_add_ps(_mm256_load_ps(p + i + 80), _mm256_load_ps(p + i + 88)));
-    a6 = _mm256_add_ps(a6, _mm256_add_ps(_mm256_load_ps(p + i + 96), _mm256_load_ps(p + i + 104)));
-    a7 = _mm256_add_ps(a7, _mm256_add_ps(_mm256_load_ps(p + i + 112), _mm256_load_ps(p + i + 120)));
-  }
-  __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                           _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  return _mm_cvtss_f32(h);
-}
-
-/* Portable fallback (the compiler's baseline vectorisation). */
-static float read_scalar(const float *p, size_t n) {
-  float a[8] = {0};
-  for (size_t i = 0; i < n; i += 8)
-    for (int j = 0; j < 8; j++) a[j] += p[i + j];
-  return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
-}
-
-/* ---- timing ------------------------------------------------------------------------ */
-
-/* Everything a kernel returns lands here, so no call can be optimised away. */
-static volatile float sink;
-
-/* Seconds for `threads` threads to read their shares of buf[0..n) once. */
-static double time_read(read_fn f, const float *buf, size_t n, int threads) {
-  float total = 0;
-  double t0 = kvl_bench_now();
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-  {
-    size_t steps = n / READ_STEP, t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
-    size_t lo = steps * t / nt * READ_STEP, hi = steps * (t + 1) / nt * READ_STEP;
-    total += f(buf + lo, hi - lo);
-  }
-  double dt = kvl_bench_now() - t0;
-  sink += total;
-  return dt;
-}
-
 /* ---- main -------------------------------------------------------------------------- */
 
 static void usage(FILE *f) {
@@ -173,13 +99,13 @@ int main(int argc, char **argv) {
   madvise(buf, bytes, MADV_HUGEPAGE);
 #pragma omp parallel for schedule(static) num_threads((int)cores)
   for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023) * (1.0f / 1024.0f);
-  read_fn rf = has512 ? read_avx512 : has2 ? read_avx2 : read_scalar;
+  kvl_bench_read_fn rf = has512 ? kvl_bench_read_avx512 : has2 ? kvl_bench_read_avx2 : kvl_bench_read_scalar;
   const char *risa = has512 ? "avx512" : has2 ? "avx2" : "scalar";
   for (int k = 0; k < n_counts; k++) {
     int th = thread_counts[k];
-    time_read(rf, buf, n, th); /* warm-up */
+    kvl_bench_time_read(rf, buf, n, th); /* warm-up */
     for (long r = 0; r < runs; r++) {
-      s[r] = (double)bytes / time_read(rf, buf, n, th) / 1e9;
+      s[r] = (double)bytes / kvl_bench_time_read(rf, buf, n, th) / 1e9;
       fprintf(stderr, "roofline-bandwidth %s threads=%d run %ld/%ld: %.2f GB/s\n", risa, th, r + 1, runs, s[r]);
     }
     kvl_bench_stats_compute(s, (int)runs, &st);
