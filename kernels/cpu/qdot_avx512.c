@@ -302,10 +302,10 @@ static inline __attribute__((always_inline)) void q5_0_quad(const uint8_t *p, __
  * arithmetic as dot1_blocks16 in another order. */
 static inline __attribute__((always_inline)) void dotn_q5_0_quads(const uint8_t *w, int64_t nb, int64_t K,
                                                                   const int8_t *xp, const struct acts *a, float *out,
-                                                                  const int T);
+                                                                  const int T, const int rq);
 static float dot1_q5_0_quads(const uint8_t *w, int64_t nb, const int8_t *xp, const struct acts *a) {
   float out;
-  dotn_q5_0_quads(w, nb, 0, xp, a, &out, 1); /* the several-token form's one-token case */
+  dotn_q5_0_quads(w, nb, 0, xp, a, &out, 1, 0); /* the several-token form's one-token case */
   return out;
 }
 
@@ -520,74 +520,43 @@ static inline __attribute__((always_inline)) void dotn_blocks16(const uint8_t *w
     out[t] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr[t], _mm512_set1_ps(q5 ? 16.0f : 128.0f), _mm512_add_ps(acc0[t], acc1[t])));
 }
 
-/* Q5_0 in quad order (dot1_q5_0_quads) for T tokens (xp: token t's codes at t x K) */
+/* Q5_0 in quad order (dot1_q5_0_quads) for T tokens (xp: token t's codes at t x K).
+ * rq: w is the quads copy (KVL__TYPE_Q5_0_QUADS, kvl__q5_0_quads_pack), whose four
+ * blocks' codes are one load in quad order already and their fifth bits two mask loads
+ * (kmovq from memory), so q5_0_quad's two word permutes, masked load and moves through
+ * general registers go, and 16 blocks' scales are one 32-byte load; the same operations
+ * after that, the same bits. test-backend-ops --perf (4864 x 1536, a Zen 4): one token
+ * 30 -> 49 GB/s of weights, four 0.42 -> 0.32 ms. */
 static inline __attribute__((always_inline)) void dotn_q5_0_quads(const uint8_t *w, int64_t nb, int64_t K,
                                                                   const int8_t *xp, const struct acts *a, float *out,
-                                                                  const int T) {
-  const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  __m512 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX], sc[QDOT1N_MAX];
-  for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b += 16, w += 16 * 22) {
-    int n = nb - b < 16 ? (int)(nb - b) : 16;
-    __mmask16 m = (__mmask16)(0xffffu >> (16 - n));
-    for (int o = 0; o < 16 * 22; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T0);
-    __m512 ws = block_scales16(w, 22, m);
-#pragma GCC unroll 6
-    for (int t = 0; t < T; t++) {
-      sc[t] = _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(m, DA(&a[t], 0) + b));
-      corr[t] = _mm512_fmadd_ps(ws, block_sums16(&a[t], b, m), corr[t]);
-    }
-    for (int j = 0; j < n; j += 4) {
-      const uint8_t *p = w + j * 22;
-      __m512i lo, hi;
-      q5_0_quad(p, &lo, &hi);
-      const __m512i iq = _mm512_add_epi32(quad, _mm512_set1_epi32(j));
-#pragma GCC unroll 6
-      for (int t = 0; t < T; t++) {
-        const int8_t *x = xp + t * K + 32 * (b + j);
-        __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x));
-        __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(x + 64));
-        __m512 s4 = _mm512_permutexvar_ps(iq, sc[t]);
-        acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), s4, acc0[t]);
-        acc1[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), s4, acc1[t]);
-      }
-    }
-  }
-  for (int t = 0; t < T; t++)
-    out[t] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr[t], _mm512_set1_ps(16.0f), _mm512_add_ps(acc0[t], acc1[t])));
-}
-
-/* Q5_0 from the quads copy (KVL__TYPE_Q5_0_QUADS, kvl__q5_0_quads_pack) for T tokens: the
- * codes of four blocks are one load in quad order already and their fifth bits two mask
- * loads, so the two word permutes, the masked load and the moves through general
- * registers of q5_0_quad go, and the scales of 16 blocks are one 32-byte load. Otherwise
- * dotn_q5_0_quads's operations in its order: the same bits. test-backend-ops --perf
- * (4864 x 1536, one token, a Zen 4): 30 -> 47 GB/s of weights. */
-static inline __attribute__((always_inline)) void dotn_q5_0_rq(const uint8_t *w, int64_t nb, int64_t K,
-                                                               const int8_t *xp, const struct acts *a, float *out,
-                                                               const int T) {
+                                                                  const int T, const int rq) {
   const __m512i lo4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
   const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   __m512 acc0[QDOT1N_MAX], acc1[QDOT1N_MAX], corr[QDOT1N_MAX], sc[QDOT1N_MAX];
   for (int t = 0; t < T; t++) acc0[t] = acc1[t] = corr[t] = _mm512_setzero_ps();
-  const uint8_t *q = w + 2 * nb;
-  for (int64_t b = 0; b < nb; b += 16) {
-    const int n = nb - b < 16 ? (int)(nb - b) : 16;
-    const __mmask16 m = (__mmask16)(0xffffu >> (16 - n));
-    const __m512 ws = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + 2 * b));
+  const uint8_t *q = w + 2 * nb; /* rq: the quads, 80 bytes each */
+  for (int64_t b = 0; b < nb; b += 16, w += rq ? 0 : 16 * 22) {
+    int n = nb - b < 16 ? (int)(nb - b) : 16;
+    __mmask16 m = (__mmask16)(0xffffu >> (16 - n));
+    if (!rq)
+      for (int o = 0; o < 16 * 22; o += 64) _mm_prefetch((const char *)w + 4096 + o, _MM_HINT_T0);
+    __m512 ws = rq ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + 2 * b)) : block_scales16(w, 22, m);
 #pragma GCC unroll 6
     for (int t = 0; t < T; t++) {
       sc[t] = _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(m, DA(&a[t], 0) + b));
       corr[t] = _mm512_fmadd_ps(ws, block_sums16(&a[t], b, m), corr[t]);
     }
     for (int j = 0; j < n; j += 4, q += 80) {
-      _mm_prefetch((const char *)q + 4096, _MM_HINT_T0);
-      _mm_prefetch((const char *)q + 4096 + 64, _MM_HINT_T0);
-      const __m512i v = _mm512_loadu_si512(q);
-      const __mmask64 mlo = _load_mask64((__mmask64 *)(uintptr_t)(q + 64));
-      const __mmask64 mhi = _load_mask64((__mmask64 *)(uintptr_t)(q + 72));
-      const __m512i l = _mm512_and_si512(v, lo4), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-      const __m512i lo = _mm512_mask_add_epi8(l, mlo, l, bit4), hi = _mm512_mask_add_epi8(h, mhi, h, bit4);
+      __m512i lo, hi;
+      if (rq) {
+        _mm_prefetch((const char *)q + 4096, _MM_HINT_T0);
+        _mm_prefetch((const char *)q + 4096 + 64, _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(q);
+        const __mmask64 mlo = _load_mask64((__mmask64 *)(uintptr_t)(q + 64));
+        const __mmask64 mhi = _load_mask64((__mmask64 *)(uintptr_t)(q + 72));
+        const __m512i l = _mm512_and_si512(v, lo4), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+        lo = _mm512_mask_add_epi8(l, mlo, l, bit4), hi = _mm512_mask_add_epi8(h, mhi, h, bit4);
+      } else q5_0_quad(w + j * 22, &lo, &hi);
       const __m512i iq = _mm512_add_epi32(quad, _mm512_set1_epi32(j));
 #pragma GCC unroll 6
       for (int t = 0; t < T; t++) {
@@ -604,6 +573,8 @@ static inline __attribute__((always_inline)) void dotn_q5_0_rq(const uint8_t *w,
     out[t] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr[t], _mm512_set1_ps(16.0f), _mm512_add_ps(acc0[t], acc1[t])));
 }
 
+#define dotn_q5_0_quads_gguf(...) dotn_q5_0_quads(__VA_ARGS__, 0)
+#define dotn_q5_0_quads_rq(...) dotn_q5_0_quads(__VA_ARGS__, 1)
 #define dotn_q4_k_pairs_gguf(...) dotn_q4_k_pairs(__VA_ARGS__, 0)
 #define dotn_q4_k_pairs_sb(...) dotn_q4_k_pairs(__VA_ARGS__, 1)
 
@@ -634,10 +605,10 @@ int kvl__qdot1n_avx512vnni(uint32_t type, const void *w, int64_t K, int n_tokens
   for (int t = 0; t < n_tokens && t < QDOT1N_MAX; t++)
     a[t] = (struct acts){xq + t * K, xd + t * (K / 32), xs + t * (K / 16), K, 1};
   if (type == KVL_TYPE_Q5_0 && K % 128 == 0) {
-    N1SWITCH(dotn_q5_0_quads, w, K / 32, K, xp, a, out)
+    N1SWITCH(dotn_q5_0_quads_gguf, w, K / 32, K, xp, a, out)
   }
   if (type == KVL__TYPE_Q5_0_QUADS && K % 128 == 0) {
-    N1SWITCH(dotn_q5_0_rq, w, K / 32, K, xp, a, out)
+    N1SWITCH(dotn_q5_0_quads_rq, w, K / 32, K, xp, a, out)
   }
   if ((type == KVL_TYPE_Q5_0 || type == KVL_TYPE_Q8_0) && K % 64 == 0) { /* the single-token kernel's even nb */
     const int stride = type == KVL_TYPE_Q5_0 ? 22 : 34, q5 = type == KVL_TYPE_Q5_0;
@@ -723,7 +694,7 @@ int kvl__qdot1_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t 
   if (type == KVL__TYPE_Q5_0_QUADS) {
     if (K % 128) return KVL_ENOTSUP;
     struct acts a = {xq, xd, xs, K, 1};
-    dotn_q5_0_rq(w, K / 32, 0, xp, &a, out, 1);
+    dotn_q5_0_quads(w, K / 32, 0, xp, &a, out, 1, 1);
     return 0;
   }
   return kvl__qdot_avx512vnni(type, w, K, xq, xd, xs, 1, out);
@@ -758,11 +729,11 @@ int kvl__qdot1_rows_avx512vnni(uint32_t type, const void *w, size_t row_bytes, i
     if (K % 256) return KVL_ENOTSUP;
     ROWS(dotn_q6_k(p, K / 256, 0, xq, xd, xs, &v, 1));
   case KVL_TYPE_Q5_0:
-    if (K % 128 == 0) { ROWS(dotn_q5_0_quads(p, K / 32, 0, xp, &a, &v, 1)); }
+    if (K % 128 == 0) { ROWS(dotn_q5_0_quads(p, K / 32, 0, xp, &a, &v, 1, 0)); }
     ROWS(dot_q5_0(p, K / 32, &a, &v));
   case KVL__TYPE_Q5_0_QUADS:
     if (K % 128) return KVL_ENOTSUP;
-    ROWS(dotn_q5_0_rq(p, K / 32, 0, xp, &a, &v, 1));
+    ROWS(dotn_q5_0_quads(p, K / 32, 0, xp, &a, &v, 1, 1));
   case KVL_TYPE_Q8_0: ROWS(dot_q8_0(p, K / 32, &a, &v));
   case KVL__TYPE_Q8_0_SC:
     if (K % 64) return KVL_ENOTSUP;
