@@ -712,8 +712,11 @@ static kvl_backend_t be_avx2_sink = {.name = "cpu-avx2-fp32", .ops = &cpu_ops, .
 #define VNNI_DECODE                                                                                            \
   .q8_act = kvl__q8_act, .qdot = kvl__qdot_avx512vnni, .qdot1 = kvl__qdot1_avx512vnni, .q8_order = kvl__q8_order, \
   .qdot1n = kvl__qdot1n_avx512vnni, .qdot1_rows = kvl__qdot1_rows_avx512vnni,                                \
-  .qdot_vec = kvl__qdot_vec_avx512vnni, .decode_copies = true
-static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE};
+  .qdot_vec = kvl__qdot_vec_avx512vnni
+/* The int8 levels keep decode copies in the weights' kvl_wpack slots (kvl__decode_copy);
+ * the avx512bf16 level does not: the slot holds its bf16 copy for prefill. */
+static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE,
+                                      .decode_copies = true};
 /* The same, with batches of 7 or more tokens on the tokens-in-lanes kernel (16 per vector,
  * vpdpbusd: it costs about the same for 4 tokens as for 16); up to 6 the single-token
  * kernel runs once per token, or for all of them at once (qdot_matmul). On a Zen 5, the 1.5B's decode step (ITL p50,
@@ -723,7 +726,8 @@ static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops
  * The default where AVX-512 VNNI is present and AMX is not (AMD Zen 4/5, Intel before
  * Sapphire Rapids). */
 static kvl_backend_t be_avx512vnnimm = {.name = "cpu-avx512-vnni-mm", .ops = &cpu_ops, .simd = &kvl__simd_avx512,
-                                        VNNI_DECODE, .qmatmul = kvl__qmatmul_avx512vnni, .qmatmul_min_t = 7};
+                                        VNNI_DECODE, .qmatmul = kvl__qmatmul_avx512vnni, .qmatmul_min_t = 7,
+                                        .decode_copies = true};
 static kvl_backend_t be_avx512vnnimm_exact = {.name = "cpu-avx512-vnni-mm-prefill", .ops = &cpu_ops,
                                               .simd = &kvl__simd_avx512, .q8_act = kvl__q8_act,
                                               .qmatmul = kvl__qmatmul_avx512vnni, .qmatmul_min_t = 1};
@@ -733,7 +737,7 @@ static kvl_backend_t be_avx512vnnimm_exact = {.name = "cpu-avx512-vnni-mm-prefil
  * fp32) takes the tiles for every size, so a prompt's cache does not depend on its
  * chunking. */
 static kvl_backend_t be_amx = {.name = "cpu-amx-int8", .ops = &cpu_ops, .simd = &kvl__simd_avx512, VNNI_DECODE,
-                               .qmatmul = kvl__qmatmul_amx, .qmatmul_min_t = 4};
+                               .qmatmul = kvl__qmatmul_amx, .qmatmul_min_t = 4, .decode_copies = true};
 static kvl_backend_t be_amx_exact = {.name = "cpu-amx-int8-prefill", .ops = &cpu_ops, .simd = &kvl__simd_avx512,
                                      .q8_act = kvl__q8_act,
                                      .qmatmul = kvl__qmatmul_amx, .qmatmul_min_t = 1};

@@ -28,7 +28,9 @@
 
 /* A weight matrix, used in place (usually from the GGUF mapping). */
 /* Where a backend may keep its own repacked copy of a weight (the CPU level "avx512bf16":
- * bf16 in oneDNN's blocked layout, made at the weight's first prefill-sized product). The
+ * bf16 in oneDNN's blocked layout, made at the weight's first prefill-sized product; the
+ * int8 levels with AVX-512 VNNI: Q5_0 rearranged for decode, kvl_backend_prepare). One
+ * copy per slot: a backend that finds another's copy there does without its own. The
  * weight's owner provides a zeroed slot and releases it (kvl_model_free does). */
 struct kvl_wpack {
   void *impl;

@@ -525,6 +525,8 @@ static void test_decode_copies(void) {
     for (int i = 0; i < 32; i++) CHECK_EQ_INT(p[8 + 64 + 8 * (i / 16) + (16 * k + i % 16) / 8] >> (i % 8) & 1, qh >> i & 1);
   }
   free(w), free(p);
+  kvl_backend_t *bf = kvl_backend_cpu_level("avx512bf16");
+  CHECK(!bf || !bf->decode_copies); /* its weights' slots hold the bf16 copies for prefill */
   static const char *levels[] = {"avx512vnni", "avx512vnnimm", "amx"};
   for (int l = 0; l < 3; l++) {
     kvl_backend_t *be = kvl_backend_cpu_level(levels[l]);
