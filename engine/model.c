@@ -198,14 +198,15 @@ const kvl_gguf_t *kvl_model_gguf(const kvl_model_t *m) { return m->gguf; }
 const struct kvl_rope *kvl_model_rope(const kvl_model_t *m) { return &m->rope; }
 
 size_t kvl_model_prepare(kvl_model_t *m, kvl_backend_t *be) {
-  const size_t before = kvl_wpack_total_bytes();
   for (int i = 0; i < m->hp.n_layer; i++) {
     struct kvl_layer *L = &m->layers[i];
     const struct kvl_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
     for (int j = 0; j < 7; j++) kvl_backend_prepare(be, ws[j]);
   }
   kvl_backend_prepare(be, &m->output);
-  return kvl_wpack_total_bytes() - before;
+  size_t bytes = 0; /* this model's slots, not the process's counter: other models load and free meanwhile */
+  for (int i = 0; i < m->n_packs; i++) bytes += m->packs[i].bytes;
+  return bytes;
 }
 
 uint64_t kvl_model_sink_hits(const kvl_model_t *m) {

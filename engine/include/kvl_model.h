@@ -64,8 +64,8 @@ char *kvl_model_resolve(const char *m);
 
 /* Let be make now the copies of the product weights it would make at their first use
  * (kvl_backend_prepare: on a CPU with AVX-512 VNNI, Q5_0 rearranged for decode); returns
- * the bytes they add (kvl_wpack_total_bytes before and after). The daemon and the
- * benchmarks call it after loading. */
+ * the bytes of the copies the model's weights then have. The daemon and the benchmarks
+ * call it after loading. */
 size_t kvl_model_prepare(kvl_model_t *m, kvl_backend_t *be);
 const struct kvl_model_hparams *kvl_model_hparams(const kvl_model_t *m);
 const kvl_gguf_t *kvl_model_gguf(const kvl_model_t *m);

@@ -254,7 +254,7 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
         kvl__q4_k_act_factors(xd + (int64_t)t * (K / 32), xs + (int64_t)t * (K / 16), K, xf + (int64_t)t * (K / 16));
     }
   }
-  /* Q5_0 and Q4_K for the one-token kernels: their rearranged copies (kvl__decode_copy) */
+  /* 1..6 tokens: the weight's copy for these kernels where it has one (kvl__decode_copy) */
   uint32_t wt = w->type;
   const void *wd = w->data;
   size_t rb1 = rb;
