@@ -4,6 +4,7 @@
  * its chains, which the caller keeps, so no chain can be dropped. */
 #include "peak.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -274,11 +275,14 @@ double kvl_bench_peak_measure(const struct kvl_bench_peak *p, int threads, int r
 }
 
 /* ---- memory read bandwidth (peak.h) ---------------------------------------------------
- * The sum is returned so the loads cannot be dropped. */
+ * Each reader sums n floats (n a multiple of READ_STEP, p 64-byte aligned) into 8
+ * independent accumulators, so the adds never limit the loads; the sum is returned so the
+ * loads cannot be dropped. */
+#define READ_STEP 128 /* floats per loop iteration: 512 bytes, 8 cache lines */
 
-__attribute__((target("avx512f"))) float kvl_bench_read_avx512(const float *p, size_t n) {
+__attribute__((target("avx512f"))) static float read_avx512(const float *p, size_t n) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  for (size_t i = 0; i < n; i += KVL_BENCH_READ_STEP) {
+  for (size_t i = 0; i < n; i += READ_STEP) {
     a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i + 0));
     a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
     a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
@@ -293,9 +297,9 @@ __attribute__((target("avx512f"))) float kvl_bench_read_avx512(const float *p, s
   return _mm512_reduce_add_ps(s);
 }
 
-__attribute__((target("avx2"))) float kvl_bench_read_avx2(const float *p, size_t n) {
+__attribute__((target("avx2"))) static float read_avx2(const float *p, size_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  for (size_t i = 0; i < n; i += KVL_BENCH_READ_STEP) {
+  for (size_t i = 0; i < n; i += READ_STEP) {
     /* 16 loads of 32 bytes; 8 accumulators, each fed twice */
     a0 = _mm256_add_ps(a0, _mm256_add_ps(_mm256_load_ps(p + i + 0), _mm256_load_ps(p + i + 8)));
     a1 = _mm256_add_ps(a1, _mm256_add_ps(_mm256_load_ps(p + i + 16), _mm256_load_ps(p + i + 24)));
@@ -315,7 +319,7 @@ __attribute__((target("avx2"))) float kvl_bench_read_avx2(const float *p, size_t
 }
 
 /* Portable fallback (the compiler's baseline vectorisation). */
-float kvl_bench_read_scalar(const float *p, size_t n) {
+static float read_scalar(const float *p, size_t n) {
   float a[8] = {0};
   for (size_t i = 0; i < n; i += 8)
     for (int j = 0; j < 8; j++) a[j] += p[i + j];
@@ -325,13 +329,16 @@ float kvl_bench_read_scalar(const float *p, size_t n) {
 /* Everything a reader returns lands here, so no read can be optimised away. */
 static volatile float read_sink;
 
-double kvl_bench_time_read(kvl_bench_read_fn f, const float *buf, size_t n, int threads) {
+typedef float (*read_fn)(const float *p, size_t n);
+
+/* Seconds for `threads` threads to read their shares of buf[0..n) once. */
+static double time_read(read_fn f, const float *buf, size_t n, int threads) {
   float total = 0;
   double t0 = kvl_bench_now();
 #pragma omp parallel num_threads(threads) reduction(+ : total)
   {
-    size_t steps = n / KVL_BENCH_READ_STEP, t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
-    size_t lo = steps * t / nt * KVL_BENCH_READ_STEP, hi = steps * (t + 1) / nt * KVL_BENCH_READ_STEP;
+    size_t steps = n / READ_STEP, t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+    size_t lo = steps * t / nt * READ_STEP, hi = steps * (t + 1) / nt * READ_STEP;
     total += f(buf + lo, hi - lo);
   }
   double dt = kvl_bench_now() - t0;
@@ -339,20 +346,27 @@ double kvl_bench_time_read(kvl_bench_read_fn f, const float *buf, size_t n, int 
   return dt;
 }
 
-double kvl_bench_read_bandwidth(size_t mib, int threads, int runs, double *samples) {
+double kvl_bench_read_bandwidth(size_t mib, int threads, int runs, double *samples, const char **isa) {
   const size_t bytes = mib << 20, n = bytes / sizeof(float);
+  __builtin_cpu_init();
+  const bool has512 = __builtin_cpu_supports("avx512f");
+  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa) *isa = has512 ? "avx512" : has2 ? "avx2" : "scalar";
+  /* 2 MiB-aligned, advised onto huge pages so TLB misses do not cost bandwidth, first
+   * touched by the threads that read it */
   float *buf = aligned_alloc(2u << 20, bytes);
-  if (!buf || runs < 1) { free(buf); return -1.0; }
+  double *s = samples ? samples : malloc((size_t)(runs > 0 ? runs : 1) * sizeof(double));
+  if (!buf || !s || runs < 1) {
+    free(buf);
+    if (!samples) free(s);
+    return -1.0;
+  }
   madvise(buf, bytes, MADV_HUGEPAGE);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023) * (1.0f / 1024.0f);
-  __builtin_cpu_init();
-  const kvl_bench_read_fn f = __builtin_cpu_supports("avx512f") ? kvl_bench_read_avx512
-                              : __builtin_cpu_supports("avx2")  ? kvl_bench_read_avx2
-                                                                : kvl_bench_read_scalar;
-  double *s = samples ? samples : malloc((size_t)runs * sizeof(double));
-  kvl_bench_time_read(f, buf, n, threads); /* warm-up */
-  for (int r = 0; r < runs; r++) s[r] = (double)bytes / kvl_bench_time_read(f, buf, n, threads) / 1e9;
+  const read_fn f = has512 ? read_avx512 : has2 ? read_avx2 : read_scalar;
+  time_read(f, buf, n, threads); /* warm-up */
+  for (int r = 0; r < runs; r++) s[r] = (double)bytes / time_read(f, buf, n, threads) / 1e9;
   const double med = kvl_bench_median(s, runs);
   if (!samples) free(s);
   free(buf);

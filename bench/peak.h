@@ -46,20 +46,12 @@ bool kvl_bench_peak_usable(const struct kvl_bench_peak *p);
  * when it is not NULL. Returns a negative value when the probe is not usable. */
 double kvl_bench_peak_measure(const struct kvl_bench_peak *p, int threads, int runs, double *samples);
 
-/* ---- memory read bandwidth ----------------------------------------------------------
- * Each reader sums n floats (n a multiple of KVL_BENCH_READ_STEP, p 64-byte aligned) into
- * 8 independent accumulators, so the adds never limit the loads. */
-#define KVL_BENCH_READ_STEP 128 /* floats per loop iteration: 512 bytes, 8 cache lines */
-typedef float (*kvl_bench_read_fn)(const float *p, size_t n);
-float kvl_bench_read_avx512(const float *p, size_t n);
-float kvl_bench_read_avx2(const float *p, size_t n);
-float kvl_bench_read_scalar(const float *p, size_t n);
-/* Seconds for `threads` threads to read their shares of buf[0..n) once. */
-double kvl_bench_time_read(kvl_bench_read_fn f, const float *buf, size_t n, int threads);
 /* Read bandwidth in GB/s (1e9 B/s): the median of `runs` reads (after a warm-up) by
  * `threads` threads of a fresh `mib` MiB buffer on huge pages, first touched by those
- * threads, with the widest reader the processor has; the runs' values to samples when not
- * NULL. Negative when the buffer cannot be had. */
-double kvl_bench_read_bandwidth(size_t mib, int threads, int runs, double *samples);
+ * threads, with the widest reader the processor has (its name to *isa: "avx512", "avx2"
+ * or "scalar"; isa may be NULL); the runs' values to samples when it is not NULL.
+ * Negative when the buffer cannot be had. bench-roofline's figure, and bench-prefill-decode
+ * --bw auto's. */
+double kvl_bench_read_bandwidth(size_t mib, int threads, int runs, double *samples, const char **isa);
 
 #endif

@@ -170,9 +170,9 @@ static int bench_model(const char *path, const char *name, const struct bench_op
   const size_t repacked = kvl_model_prepare(m, be); /* as the daemon does at load */
   const int threads = omp_get_max_threads();
   const char *kvname = o->kv == KVL_KV_F32 ? "f32" : "bf16";
-  fprintf(stderr, "bench-prefill-decode: %s (%s, %d layers) on %s, %d threads, kv %s, loaded in %.2f s (%.0f MiB repacked)\n",
-          name, path, hp->n_layer, kvl_backend_name(be), threads, kvname, kvl_bench_now() - t0,
-          (double)repacked / (1 << 20));
+  fprintf(stderr, "bench-prefill-decode: %s (%s, %d layers) on %s, %d threads, kv %s, loaded in %.2f s", name, path,
+          hp->n_layer, kvl_backend_name(be), threads, kvname, kvl_bench_now() - t0);
+  fprintf(stderr, " (%.0f MiB repacked)\n", (double)repacked / (1 << 20));
 
   const int pp_end = o->n_pp > 0 ? o->depth + o->pp_max : 0;
   const int n_ctx = pp_end > TG_PROMPT + o->tg ? pp_end : TG_PROMPT + o->tg;
@@ -269,7 +269,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
      * by the minute: 34 and 62 GB/s within half an hour on a 2-core Zen 4); the larger of
      * the two is the roofline, so a window of low bandwidth cannot inflate the figure */
     double bw_before = 0, bw_after = 0;
-    if (o->bw_auto) bw_before = kvl_bench_read_bandwidth(BW_MIB, threads, 3, NULL);
+    if (o->bw_auto) bw_before = kvl_bench_read_bandwidth(BW_MIB, threads, 3, NULL, NULL);
     for (int r = 0; r < o->runs; r++) {
       for (int t = 0; t < TG_PROMPT; t++) { pos[t] = t; want[t] = t == TG_PROMPT - 1; }
       struct kvl_batch b = {TG_PROMPT, ids, pos, seq, want};
@@ -292,7 +292,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
       fprintf(stderr, "  %s %s run %d/%d: %.2f tokens/s (%.3f s)\n", name, test, r + 1, o->runs, s[r], dt);
     }
     kvl_bench_stats_compute(s, o->runs, &st);
-    if (o->bw_auto) bw_after = kvl_bench_read_bandwidth(BW_MIB, threads, 3, NULL);
+    if (o->bw_auto) bw_after = kvl_bench_read_bandwidth(BW_MIB, threads, 3, NULL, NULL);
     const double bw = o->bw_auto ? (bw_before > bw_after ? bw_before : bw_after) : o->bw_gbps;
     const uint64_t wbytes = weight_bytes_per_token(m);
     json_t *res = kvl_bench_report_add(rep, name, test, st.median, "tokens/s", o->runs, st.sd);

@@ -21,10 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
-#include <immintrin.h>
 #include <omp.h>
 
 #include "bench_common.h"
@@ -82,8 +80,6 @@ int main(int argc, char **argv) {
   omp_set_dynamic(0);
 
   __builtin_cpu_init();
-  const bool has512 = __builtin_cpu_supports("avx512f");
-  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   kvl_bench_report_t *rep = kvl_bench_report_new("roofline", argc, argv);
   double *s = malloc((size_t)runs * sizeof(*s));
   if (!rep || !s) { fprintf(stderr, "bench-roofline: out of memory\n"); return 1; }
@@ -91,23 +87,16 @@ int main(int argc, char **argv) {
   int n_counts = cores > 1 ? 2 : 1;
   struct kvl_bench_stats st;
 
-  /* Bandwidth. A 2 MiB-aligned buffer, advised onto huge pages so TLB misses do not
-   * cost bandwidth, first touched by the threads that read it. */
-  const size_t bytes = (size_t)mib << 20, n = bytes / sizeof(float);
-  float *buf = aligned_alloc(2u << 20, bytes);
-  if (!buf) { fprintf(stderr, "bench-roofline: cannot allocate %ld MiB\n", mib); return 1; }
-  madvise(buf, bytes, MADV_HUGEPAGE);
-#pragma omp parallel for schedule(static) num_threads((int)cores)
-  for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023) * (1.0f / 1024.0f);
-  kvl_bench_read_fn rf = has512 ? kvl_bench_read_avx512 : has2 ? kvl_bench_read_avx2 : kvl_bench_read_scalar;
-  const char *risa = has512 ? "avx512" : has2 ? "avx2" : "scalar";
+  /* Bandwidth (peak.h): per thread count its own buffer, first touched by its threads */
   for (int k = 0; k < n_counts; k++) {
-    int th = thread_counts[k];
-    kvl_bench_time_read(rf, buf, n, th); /* warm-up */
-    for (long r = 0; r < runs; r++) {
-      s[r] = (double)bytes / kvl_bench_time_read(rf, buf, n, th) / 1e9;
-      fprintf(stderr, "roofline-bandwidth %s threads=%d run %ld/%ld: %.2f GB/s\n", risa, th, r + 1, runs, s[r]);
+    const int th = thread_counts[k];
+    const char *risa;
+    if (kvl_bench_read_bandwidth((size_t)mib, th, (int)runs, s, &risa) < 0) {
+      fprintf(stderr, "bench-roofline: cannot allocate %ld MiB\n", mib);
+      return 1;
     }
+    for (long r = 0; r < runs; r++)
+      fprintf(stderr, "roofline-bandwidth %s threads=%d run %ld/%ld: %.2f GB/s\n", risa, th, r + 1, runs, s[r]);
     kvl_bench_stats_compute(s, (int)runs, &st);
     json_t *o = kvl_bench_report_add(rep, NULL, "roofline-bandwidth", st.median, "GB/s", (int)runs, st.sd);
     json_object_set_new(o, "threads", json_integer(th));
@@ -117,7 +106,6 @@ int main(int argc, char **argv) {
     printf("roofline-bandwidth  %-6s threads=%-3d %8.2f GB/s  (sd %.2f, best %.2f)\n", risa, th, st.median, st.sd,
            st.max);
   }
-  free(buf);
 
   /* Arithmetic peaks, per data type and ISA the processor has (peak.h). */
   for (int k = 0; k < kvl_bench_peak_count(); k++) {

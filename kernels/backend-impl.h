@@ -57,8 +57,9 @@ void kvl__swiglu_scalar(const float *g, const float *u, float *y, int64_t n);
 #define KVL__QDOT1_MAX_T 6 /* up to this many tokens, the single-token kernel once per token (cpu.c) */
 /* Rows rearranged for the one-token kernels (cpu.c makes these copies at load, through
  * kvl_backend_prepare, or at a weight's first decode product; KVL_DECODE_REPACK, a list
- * of q5_0, q4_k, q8_0, or all, or 0, says for which formats, default q5_0). qdot1, qdot1n and qdot1_rows of the
- * VNNI levels take them as these types, with the bits they give the GGUF rows.
+ * of q5_0, q4_k, q8_0, or all, or 0, says for which formats, default q5_0). qdot1,
+ * qdot1n and qdot1_rows of the VNNI levels take them as these types, with the bits they
+ * give the GGUF rows.
  *
  * KVL__TYPE_Q5_0_QUADS (K a multiple of 128): per row, the nb fp16 block scales first,
  * then per four blocks their 64 code bytes (block k's 16 at 16k) and two 64-bit masks of
@@ -68,17 +69,16 @@ void kvl__swiglu_scalar(const float *g, const float *u, float *y, int64_t n);
  * and the eight mins as bytes, then the 128 code bytes: 148 bytes instead of 144.
  * KVL__TYPE_Q8_0_SC (K a multiple of 64): per row, the nb fp16 scales, then the codes
  * q + 128 as unsigned bytes, 32 per block: the same size. */
+#define KVL__TYPE_Q5_0_QUADS 0x106u /* 0x100 + the GGUF type */
 #define KVL__TYPE_Q8_0_SC 0x108u
-#define KVL__TYPE_Q5_0_QUADS 0x106u
 #define KVL__TYPE_Q4_K_SB 0x10cu
 #define KVL__Q4_K_SB_BYTES 148
 void kvl__q5_0_quads_pack(const void *src, void *dst, int64_t rows, int64_t K);
 void kvl__q4_k_sb_pack(const void *src, void *dst, int64_t rows, int64_t K);
 void kvl__q8_0_sc_pack(const void *src, void *dst, int64_t rows, int64_t K);
 /* w's copy for the one-token kernels, made now if it is not there (cpu.c), with its type
- * and row size; NULL where none is kept: not Q5_0 with K % 128 == 0 or Q4_K, no slot,
- * another backend's copy in it, memory short, or turned off (KVL_DECODE_REPACK,
- * KVL_DECODE=exact) */
+ * and row size; NULL where none is kept: a format or K without a copy, no slot, another
+ * backend's copy in it, memory short, or turned off (KVL_DECODE_REPACK, KVL_DECODE=exact) */
 const void *kvl__decode_copy(const struct kvl_weight *w, uint32_t *type, size_t *row_bytes);
 /* the bytes of every repacked copy in the process (kvl_wpack_total_bytes), +/- delta */
 void kvl__wpack_count(long long delta);

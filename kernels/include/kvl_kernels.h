@@ -192,8 +192,8 @@ bool kvl_backend_supports(const kvl_backend_t *be, enum kvl_op op, uint32_t weig
 void kvl_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float *x, float *y, int n_tokens);
 /* Make now the copy of w that be would make at w's first products (kept in w->pack; a
  * no-op where be makes none): the CPU levels with AVX-512 VNNI rearrange Q5_0 for their
- * one-token kernels (KVL_DECODE_REPACK=0: not; =all: Q4_K and Q8_0 too). A loader calls it so that
- * the first request does not pay for it. */
+ * one-token kernels (KVL_DECODE_REPACK=0: not; =all: Q4_K and Q8_0 too). A loader calls
+ * it so that the first request does not pay for it. */
 void kvl_backend_prepare(kvl_backend_t *be, const struct kvl_weight *w);
 /* y[T][n] = x / sqrt(mean(x²) + eps) * w, row by row (y may be x) */
 void kvl_rmsnorm(kvl_backend_t *be, const float *x, const float *w, float *y, int n_tokens, int n, float eps);

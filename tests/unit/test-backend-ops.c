@@ -504,11 +504,12 @@ static void test_qdot1_avx2(void) { test_qdot1_level("avx2int8", kvl__q8_act_avx
 static void test_qdot1_avx512(void) { test_qdot1_level("avx512vnni", kvl__q8_act); }
 
 /* One-token products on the decode copies (kvl__decode_copy: Q5_0 in quads, Q4_K with
- * its scales as bytes, Q8_0 with its scales first) against the GGUF rows: the Q5_0 packer's bytes (every fifth bit
- * where the kernels look for it) and the same bits from kvl_matmul with a pack slot as
- * without, for 1..6 tokens (the row kernel, qdot1n; the Q4_K copy's scale bytes come from
- * portable C, the GGUF path's from a vector unpack); the copy is counted while it lives;
- * where K does not suit the copy none is made. */
+ * its scales as bytes, Q8_0 with its scales first) against the GGUF rows: the Q5_0
+ * packer's bytes (every fifth bit where the kernels look for it) and the same bits from
+ * kvl_matmul with a pack slot as without, for 1..6 tokens (the row kernel, qdot1n; the
+ * Q4_K copy's scale bytes come from portable C, the GGUF path's from a vector unpack);
+ * the copy is counted while it lives; where K does not suit the copy none is made; the
+ * avx512bf16 level keeps none. */
 static void test_decode_copies(void) {
   static const struct { uint32_t type; int64_t K; } cs[] = {
     {KVL_TYPE_Q5_0, 128}, {KVL_TYPE_Q5_0, 896}, {KVL_TYPE_Q5_0, 1536}, {KVL_TYPE_Q5_0, 4864}, {KVL_TYPE_Q5_0, 864},
@@ -522,7 +523,8 @@ static void test_decode_copies(void) {
     uint32_t qh;
     memcpy(&qh, blk + 2, 4);
     CHECK(memcmp(p + 2 * k, blk, 2) == 0 && memcmp(p + 8 + 16 * k, blk + 6, 16) == 0);
-    for (int i = 0; i < 32; i++) CHECK_EQ_INT(p[8 + 64 + 8 * (i / 16) + (16 * k + i % 16) / 8] >> (i % 8) & 1, qh >> i & 1);
+    for (int i = 0; i < 32; i++) /* element i's fifth bit: mask i / 16, bit 16k + i % 16 */
+      CHECK_EQ_INT(p[8 + 64 + 8 * (i / 16) + (16 * k + i % 16) / 8] >> (i % 8) & 1, qh >> i & 1);
   }
   free(w), free(p);
   kvl_backend_t *bf = kvl_backend_cpu_level("avx512bf16");
