@@ -54,6 +54,109 @@ typedef void kvl__lanes_direct_fn(uint32_t type, const uint8_t *w, size_t row_by
  * blocks take the scalar loop. */
 typedef void kvl__lanes_store_fn(const float *v, const float *b, float *y, int64_t N);
 
+/* dst[i * TG + t] = src[t * ld + i] for i < n and t < TG: TG rows of 32-bit values
+ * transposed, TG x TG tiles through registers where the file's level has them */
+static inline __attribute__((always_inline)) void kvl__lanes_t32(const int32_t *src, int64_t ld, int64_t n, const int TG,
+                                                                 int32_t *dst) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  if (TG == 16)
+    for (; i + 16 <= n; i += 16) {
+      __m512i r[16], u[16];
+      for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_si512((const void *)(src + t * ld + i));
+      /* rows paired by 32 then 64 bits within 128-bit lanes, then the lanes gathered */
+      for (int t = 0; t < 16; t += 2) {
+        u[t] = _mm512_unpacklo_epi32(r[t], r[t + 1]);
+        u[t + 1] = _mm512_unpackhi_epi32(r[t], r[t + 1]);
+      }
+      for (int t = 0; t < 16; t += 4) {
+        r[t] = _mm512_unpacklo_epi64(u[t], u[t + 2]);
+        r[t + 1] = _mm512_unpackhi_epi64(u[t], u[t + 2]);
+        r[t + 2] = _mm512_unpacklo_epi64(u[t + 1], u[t + 3]);
+        r[t + 3] = _mm512_unpackhi_epi64(u[t + 1], u[t + 3]);
+      }
+      /* r[4a + c], 128-bit lane l: column 4l + c of rows 4a..4a+3 */
+      for (int c = 0; c < 4; c++) {
+        u[c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);      /* rows 0-7, lanes 0, 2 */
+        u[4 + c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);  /* rows 0-7, lanes 1, 3 */
+        u[8 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+        u[12 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+      }
+      for (int c = 0; c < 8; c++) {
+        /* column (c & 3) + 4 x lane of u[c] / u[8 + c] */
+        const int col = (c & 3) + (c < 4 ? 0 : 4);
+        _mm512_storeu_si512((void *)(dst + (i + col) * 16), _mm512_shuffle_i32x4(u[c], u[8 + c], 0x88));
+        _mm512_storeu_si512((void *)(dst + (i + col + 8) * 16), _mm512_shuffle_i32x4(u[c], u[8 + c], 0xdd));
+      }
+    }
+#endif
+  if (TG == 8)
+    for (; i + 8 <= n; i += 8) {
+      __m256i r[8], u[8];
+      for (int t = 0; t < 8; t++) r[t] = _mm256_loadu_si256((const __m256i *)(src + t * ld + i));
+      for (int t = 0; t < 8; t += 2) {
+        u[t] = _mm256_unpacklo_epi32(r[t], r[t + 1]);
+        u[t + 1] = _mm256_unpackhi_epi32(r[t], r[t + 1]);
+      }
+      for (int t = 0; t < 8; t += 4) {
+        r[t] = _mm256_unpacklo_epi64(u[t], u[t + 2]);
+        r[t + 1] = _mm256_unpackhi_epi64(u[t], u[t + 2]);
+        r[t + 2] = _mm256_unpacklo_epi64(u[t + 1], u[t + 3]);
+        r[t + 3] = _mm256_unpackhi_epi64(u[t + 1], u[t + 3]);
+      }
+      /* r[4a + c], 128-bit lane l: column 4l + c of rows 4a..4a+3 */
+      for (int c = 0; c < 4; c++) {
+        _mm256_storeu_si256((__m256i *)(dst + (i + c) * 8), _mm256_permute2x128_si256(r[c], r[4 + c], 0x20));
+        _mm256_storeu_si256((__m256i *)(dst + (i + c + 4) * 8), _mm256_permute2x128_si256(r[c], r[4 + c], 0x31));
+      }
+    }
+  for (; i < n; i++)
+    for (int t = 0; t < TG; t++) dst[i * TG + t] = src[t * ld + i];
+}
+
+/* One group of tn <= TG tokens (xq, xd, xs: its first token's codes, block scales and
+ * 16-element code sums) laid out for the kernels: b row i holds elements 4i..4i+3 of the
+ * TG tokens; per 16-element slot and token the scale of its 32-block (xdv), the slot's code
+ * sum (xsv) and the two multiplied (cbv); with fold (32-element groups) xsv and cbv hold
+ * both halves, in the even slot. Tokens past tn are zero. A full group goes through the
+ * transposes; scalar loops with a memset of every slot of the group took ~4 % of the
+ * 0.5B's pp512 on a Zen 4 (perf), more than the k and v products themselves. */
+static inline __attribute__((always_inline)) void kvl__lanes_regroup(const int8_t *xq, const float *xd,
+                                                                     const int32_t *xs, int64_t K, int tn, const int TG,
+                                                                     bool fold, int32_t *b, float *xdv, float *cbv,
+                                                                     int32_t *xsv) {
+  const int64_t ns = K / 16; /* 16-element slots */
+  if (tn == TG) {
+    kvl__lanes_t32((const int32_t *)xq, K / 4, K / 4, TG, b);
+    kvl__lanes_t32(xs, ns, ns, TG, xsv);
+    /* the block scales transposed into the first ns / 2 slots, then each copied to its two
+     * slots from the top down (slot g reads slot g / 2 before that one is overwritten) */
+    kvl__lanes_t32((const int32_t *)xd, K / 32, K / 32, TG, (int32_t *)xdv);
+    for (int64_t g = ns - 1; g >= 0; g--)
+      for (int t = 0; t < TG; t++) xdv[g * TG + t] = xdv[(g / 2) * TG + t];
+    for (int64_t g = 0; g < ns; g++)
+      for (int t = 0; t < TG; t++) cbv[g * TG + t] = xdv[g * TG + t] * (float)xsv[g * TG + t];
+  } else {
+    memset(b, 0, (size_t)K * TG);
+    memset(xdv, 0, (size_t)ns * TG * sizeof(float));
+    memset(cbv, 0, (size_t)ns * TG * sizeof(float));
+    memset(xsv, 0, (size_t)ns * TG * sizeof(int32_t));
+    for (int t = 0; t < tn; t++) {
+      const int8_t *q = xq + (int64_t)t * K;
+      for (int64_t i = 0; i < K / 4; i++) memcpy(b + i * TG + t, q + 4 * i, 4);
+      for (int64_t g = 0; g < ns; g++) {
+        const float d = xd[(int64_t)t * (K / 32) + g / 2];
+        xdv[g * TG + t] = d;
+        xsv[g * TG + t] = xs[(int64_t)t * ns + g];
+        cbv[g * TG + t] = d * (float)xsv[g * TG + t];
+      }
+    }
+  }
+  if (fold)
+    for (int64_t g = 0; g < ns; g += 2)
+      for (int t = 0; t < TG; t++) cbv[g * TG + t] += cbv[(g + 1) * TG + t], xsv[g * TG + t] += xsv[(g + 1) * TG + t];
+}
+
 static inline __attribute__((always_inline)) int
 kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                    const float *xd, const int32_t *xs, int T, const float *bias, float *y, const int TG, const int RB,
@@ -99,26 +202,8 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
 #pragma omp for schedule(static)
     for (int j = 0; j < ntg; j++) {
       const int t0 = TG * j, tn = T - t0 < TG ? T - t0 : TG;
-      int32_t *b = (int32_t *)(B + bsz * j);
-      float *xdv = XD + fsz * j, *cbv = CB + fsz * j;
-      int32_t *xsv = XS + fsz * j;
-      memset(b, 0, bsz);
-      memset(xdv, 0, fsz * sizeof(float));
-      memset(cbv, 0, fsz * sizeof(float));
-      memset(xsv, 0, fsz * sizeof(int32_t));
-      for (int t = 0; t < tn; t++) {
-        const int8_t *q = xq + (int64_t)(t0 + t) * K;
-        for (int64_t i = 0; i < K / 4; i++) memcpy(b + i * TG + t, q + 4 * i, 4);
-        for (int64_t g = 0; g < K / 16; g++) {
-          const float d = xd[(int64_t)(t0 + t) * (K / 32) + g / 2];
-          xdv[g * TG + t] = d;
-          xsv[g * TG + t] = xs[(int64_t)(t0 + t) * (K / 16) + g];
-          cbv[g * TG + t] = d * (float)xsv[g * TG + t];
-        }
-      }
-      if (SB == 32)
-        for (int64_t g = 0; g < K / 16; g += 2)
-          for (int t = 0; t < TG; t++) cbv[g * TG + t] += cbv[(g + 1) * TG + t], xsv[g * TG + t] += xsv[(g + 1) * TG + t];
+      kvl__lanes_regroup(xq + (int64_t)t0 * K, xd + (int64_t)t0 * (K / 32), xs + (int64_t)t0 * (K / 16), K, tn, TG,
+                         SB == 32, (int32_t *)(B + bsz * j), XD + fsz * j, CB + fsz * j, XS + fsz * j);
     }
     /* a block's rows unpacked whole (codes, group scales and offsets); rows past N zero */
     uint8_t *A = calloc((size_t)RB * (size_t)K, 1);
