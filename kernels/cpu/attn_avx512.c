@@ -74,6 +74,28 @@ static inline __m512 scores16(const float *q, const float *kt, int d) {
                        _mm512_add_ps(_mm512_add_ps(s[4], s[5]), _mm512_add_ps(s[6], s[7])));
 }
 
+/* scores16 for two query rows against the same block: each key vector loaded once for both
+ * rows, each row's 8 chains and sums exactly as scores16's (a row's bits do not depend on
+ * whether it was paired) */
+static inline __attribute__((always_inline)) void scores16x2(const float *q0, const float *q1, const float *kt, int d,
+                                                            __m512 *r0, __m512 *r1) {
+  __m512 s[8], u[8];
+  for (int k = 0; k < 8; k++) s[k] = _mm512_setzero_ps(), u[k] = _mm512_setzero_ps();
+  for (int c = 0; c < d; c += 8) {
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+      __m512 kv = _mm512_load_ps(kt + (c + k) * 16);
+      __asm__("" : "+v"(kv)); /* one load for both rows: GCC otherwise folds it into each FMA */
+      s[k] = _mm512_fmadd_ps(_mm512_set1_ps(q0[c + k]), kv, s[k]);
+      u[k] = _mm512_fmadd_ps(_mm512_set1_ps(q1[c + k]), kv, u[k]);
+    }
+  }
+  *r0 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])),
+                      _mm512_add_ps(_mm512_add_ps(s[4], s[5]), _mm512_add_ps(s[6], s[7])));
+  *r1 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(u[0], u[1]), _mm512_add_ps(u[2], u[3])),
+                      _mm512_add_ps(_mm512_add_ps(u[4], u[5]), _mm512_add_ps(u[6], u[7])));
+}
+
 /* acc (d floats) = acc * corr + sum over the first nv keys of p[j] * vb[j]; ND = d / 16
  * accumulators in registers when the width is one of the specialised ones */
 static inline __attribute__((always_inline)) void pv_n(float *acc, float corr, const float *p, const float *vb, int nv,
@@ -107,6 +129,30 @@ static void pv(float *acc, float corr, const float *p, const float *vb, int nv, 
     for (int j = 0; j < nv; j++) a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_load_ps(vb + j * d + c), a);
     _mm512_storeu_ps(acc + c, a);
   }
+}
+
+/* pv_n for two rows over the same nv keys (acc0, acc1; their corrections and weights):
+ * each value vector loaded once for both; per row the same chains in the same order */
+static inline __attribute__((always_inline)) void pv2_n(float *acc0, float *acc1, float corr0, float corr1,
+                                                       const float *p0, const float *p1, const float *vb, int nv,
+                                                       const int ND) {
+  __m512 a[8], b[8];
+  const __m512 c0 = _mm512_set1_ps(corr0), c1 = _mm512_set1_ps(corr1);
+#pragma GCC unroll 8
+  for (int c = 0; c < ND; c++)
+    a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc0 + 16 * c), c0), b[c] = _mm512_mul_ps(_mm512_loadu_ps(acc1 + 16 * c), c1);
+  for (int j = 0; j < nv; j++) {
+    const __m512 pa = _mm512_set1_ps(p0[j]), pb = _mm512_set1_ps(p1[j]);
+#pragma GCC unroll 8
+    for (int c = 0; c < ND; c++) {
+      __m512 v = _mm512_load_ps(vb + j * 16 * ND + 16 * c);
+      __asm__("" : "+v"(v));
+      a[c] = _mm512_fmadd_ps(pa, v, a[c]);
+      b[c] = _mm512_fmadd_ps(pb, v, b[c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < ND; c++) _mm512_storeu_ps(acc0 + 16 * c, a[c]), _mm512_storeu_ps(acc1 + 16 * c, b[c]);
 }
 
 /* nj rows of one KV head of a block, widened to fp32 (bf16 is the top half of an fp32);
@@ -144,6 +190,41 @@ static void widen_t(const struct kvl_kv_layout *l, const void *src, int kh, int 
     transpose16(r);
     for (int c = 0; c < 16; c++) _mm512_store_ps(dst + (size_t)(c0 + c) * 16, r[c]);
   }
+}
+
+/* the keys of this step (nk from j0) that the token at index t sees */
+static inline int visible(const struct kvl_attn_args *a, int t, int j0, int nk) {
+  return a->pos[t] + 1 - j0 < nk ? a->pos[t] + 1 - j0 : nk;
+}
+
+/* One row's online softmax over a step: its nb blocks of raw scores (sc: q . k; the
+ * first nv keys visible) scaled, the running maximum *m and sum *l brought up to date,
+ * the weights exp(s - m) to p; returns the accumulator's correction exp(m_old - m_new). */
+static inline __attribute__((always_inline)) float softmax_step(__m512 *sc, int nb, int nv, float scale, float *m,
+                                                                float *l, float *p) {
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  __mmask16 vis[SB];
+  for (int b = 0; b < nb; b++) {
+    const int left = nv - b * KVL_KV_BLOCK;
+    vis[b] = left >= 16 ? (__mmask16)0xffffu : (__mmask16)(0xffffu >> (16 - left));
+    sc[b] = _mm512_mul_ps(sc[b], _mm512_set1_ps(scale));
+    sc[b] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), vis[b], sc[b]);
+    mx = _mm512_max_ps(mx, sc[b]);
+  }
+  const float bm = _mm512_reduce_max_ps(mx), nm = bm > *m ? bm : *m;
+  /* exp(-inf) = 0 on the first block; a maximum that did not move needs no expf (exp(0)
+   * is 1 exactly, so the bits are the same): at depth the running maximum settles early,
+   * and expf per row and block was 5.5 % of the 0.5B's 8k prefill in the AVX2 kernel (perf, Zen 2) */
+  const float corr = nm == *m ? 1.0f : expf(*m - nm);
+  __m512 ps = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b++) {
+    const __m512 e = _mm512_maskz_mov_ps(vis[b], kvl__exp512(_mm512_sub_ps(sc[b], _mm512_set1_ps(nm))));
+    ps = _mm512_add_ps(ps, e);
+    _mm512_store_ps(p + b * KVL_KV_BLOCK, e);
+  }
+  *l = *l * corr + _mm512_reduce_add_ps(ps);
+  *m = nm;
+  return corr;
 }
 
 bool kvl__attention_avx512_fits(const struct kvl_attn_args *a) {
@@ -186,36 +267,34 @@ void kvl__attention_avx512(const struct kvl_attn_args *a) {
           widen(l, kvl_kv_v_ptr(l, (void *)a->kv_base, bt[jb / KVL_KV_BLOCK], a->layer), kh, nj, vbb);
         }
         kvl__attn_prefetch(a, bt, j0 + sb * KVL_KV_BLOCK, sb, kh, last);
-        for (int i = 0; i < R; i++) {
-          const int t = t0 + i / group, h = kh * group + i % group;
-          const int nv = a->pos[t] + 1 - j0 < nk ? a->pos[t] + 1 - j0 : nk; /* keys this row sees */
-          if (nv <= 0) continue;
-          const float *q = a->q + ((size_t)t * a->n_head + h) * d;
-          __m512 sc[SB], mx = _mm512_set1_ps(-INFINITY);
-          __mmask16 vis[SB];
+        /* rows in pairs where both see the same keys (every step but a tile's causal edge),
+         * on heads of 64 or 128: each key and value vector loaded once for two rows */
+        for (int i = 0; i < R;) {
+          const int nv = visible(a, t0 + i / group, j0, nk);
+          if (nv <= 0) {
+            i++;
+            continue;
+          }
+          const float *q = a->q + ((size_t)(t0 + i / group) * a->n_head + kh * group + i % group) * d;
           const int nb = (nv + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK;
-          for (int b = 0; b < nb; b++) {
-            const int left = nv - b * KVL_KV_BLOCK;
-            vis[b] = left >= 16 ? (__mmask16)0xffffu : (__mmask16)(0xffffu >> (16 - left));
-            sc[b] = _mm512_mul_ps(scores16(q, kb + (size_t)b * KVL_KV_BLOCK * d, d), _mm512_set1_ps(a->scale));
-            sc[b] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), vis[b], sc[b]);
-            mx = _mm512_max_ps(mx, sc[b]);
+          __m512 sc[SB];
+          if (i + 1 < R && (d == 64 || d == 128) && visible(a, t0 + (i + 1) / group, j0, nk) == nv) {
+            const float *q1 = a->q + ((size_t)(t0 + (i + 1) / group) * a->n_head + kh * group + (i + 1) % group) * d;
+            __m512 sc1[SB];
+            for (int b = 0; b < nb; b++) scores16x2(q, q1, kb + (size_t)b * KVL_KV_BLOCK * d, d, &sc[b], &sc1[b]);
+            float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64))), pj1[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
+            const float corr = softmax_step(sc, nb, nv, a->scale, &m[i], &lsum[i], pj);
+            const float corr1 = softmax_step(sc1, nb, nv, a->scale, &m[i + 1], &lsum[i + 1], pj1);
+            if (d == 64) pv2_n(acc + (size_t)i * d, acc + (size_t)(i + 1) * d, corr, corr1, pj, pj1, vb, nv, 4);
+            else pv2_n(acc + (size_t)i * d, acc + (size_t)(i + 1) * d, corr, corr1, pj, pj1, vb, nv, 8);
+            i += 2;
+            continue;
           }
-          const float bm = _mm512_reduce_max_ps(mx), nm = bm > m[i] ? bm : m[i];
-          /* exp(-inf) = 0 on the first block; a maximum that did not move needs no expf (exp(0)
-           * is 1 exactly, so the bits are the same): at depth the running maximum settles early,
-           * and expf per row and block was 5.5 % of the 0.5B's 8k prefill in the AVX2 kernel (perf, Zen 2) */
-          const float corr = nm == m[i] ? 1.0f : expf(m[i] - nm);
+          for (int b = 0; b < nb; b++) sc[b] = scores16(q, kb + (size_t)b * KVL_KV_BLOCK * d, d);
           float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
-          __m512 ps = _mm512_setzero_ps();
-          for (int b = 0; b < nb; b++) {
-            const __m512 p = _mm512_maskz_mov_ps(vis[b], kvl__exp512(_mm512_sub_ps(sc[b], _mm512_set1_ps(nm))));
-            ps = _mm512_add_ps(ps, p);
-            _mm512_store_ps(pj + b * KVL_KV_BLOCK, p);
-          }
-          lsum[i] = lsum[i] * corr + _mm512_reduce_add_ps(ps);
+          const float corr = softmax_step(sc, nb, nv, a->scale, &m[i], &lsum[i], pj);
           pv(acc + (size_t)i * d, corr, pj, vb, nv, d);
-          m[i] = nm;
+          i++;
         }
       }
       for (int i = 0; i < R; i++) {
