@@ -282,7 +282,8 @@ void kvl__attention_avx512(const struct kvl_attn_args *a) {
             const float *q1 = a->q + ((size_t)(t0 + (i + 1) / group) * a->n_head + kh * group + (i + 1) % group) * d;
             __m512 sc1[SB];
             for (int b = 0; b < nb; b++) scores16x2(q, q1, kb + (size_t)b * KVL_KV_BLOCK * d, d, &sc[b], &sc1[b]);
-            float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64))), pj1[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
+            float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
+            float pj1[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
             const float corr = softmax_step(sc, nb, nv, a->scale, &m[i], &lsum[i], pj);
             const float corr1 = softmax_step(sc1, nb, nv, a->scale, &m[i + 1], &lsum[i + 1], pj1);
             if (d == 64) pv2_n(acc + (size_t)i * d, acc + (size_t)(i + 1) * d, corr, corr1, pj, pj1, vb, nv, 4);

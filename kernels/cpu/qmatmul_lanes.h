@@ -54,10 +54,11 @@ typedef void kvl__lanes_direct_fn(uint32_t type, const uint8_t *w, size_t row_by
  * blocks take the scalar loop. */
 typedef void kvl__lanes_store_fn(const float *v, const float *b, float *y, int64_t N);
 
-/* dst[i * TG + t] = src[t * ld + i] for i < n and t < TG: TG rows of 32-bit values
- * transposed, TG x TG tiles through registers where the file's level has them */
-static inline __attribute__((always_inline)) void kvl__lanes_t32(const int32_t *src, int64_t ld, int64_t n, const int TG,
-                                                                 int32_t *dst) {
+/* dst[i * TG + t] = src[t * ld + i] for i < n and t < TG: TG rows of 32-bit values (codes
+ * four at a time, sums, or scales: the bits are moved, not read as integers) transposed,
+ * TG x TG tiles through registers where the file's level has them */
+static inline __attribute__((always_inline)) void kvl__lanes_t32(const int32_t *src, int64_t ld, int64_t n,
+                                                                 const int TG, int32_t *dst) {
   int64_t i = 0;
 #if defined(__AVX512F__)
   if (TG == 16)
@@ -119,8 +120,9 @@ static inline __attribute__((always_inline)) void kvl__lanes_t32(const int32_t *
  * TG tokens; per 16-element slot and token the scale of its 32-block (xdv), the slot's code
  * sum (xsv) and the two multiplied (cbv); with fold (32-element groups) xsv and cbv hold
  * both halves, in the even slot. Tokens past tn are zero. A full group goes through the
- * transposes; scalar loops with a memset of every slot of the group took ~4 % of the
- * 0.5B's pp512 on a Zen 4 (perf), more than the k and v products themselves. */
+ * transposes: scalar loops after a memset of every slot took ~3-4 % of the 0.5B's pp512
+ * on a Zen 4 (perf: the memset 1.6 %), and most of the 1.5B's k and v products (256 rows:
+ * 1.07-1.13x faster with the transposes, qmatmul-ab --shape 256x1536). */
 static inline __attribute__((always_inline)) void kvl__lanes_regroup(const int8_t *xq, const float *xd,
                                                                      const int32_t *xs, int64_t K, int tn, const int TG,
                                                                      bool fold, int32_t *b, float *xdv, float *cbv,
