@@ -87,7 +87,6 @@ void kvl__q4_k_act_factors(const float *xd, const int32_t *xs, int64_t K, float 
 void kvl__q5_0_quads_pack(const void *src, void *dst, int64_t rows, int64_t K) {
   const int64_t nb = K / 32;
   const size_t rb = (size_t)nb * 22;
-#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; r++) {
     const uint8_t *s = (const uint8_t *)src + (size_t)r * rb;
     uint8_t *d = (uint8_t *)dst + (size_t)r * rb, *q = d + 2 * nb;
@@ -112,7 +111,6 @@ void kvl__q5_0_quads_pack(const void *src, void *dst, int64_t rows, int64_t K) {
  * d, dmin (fp16), the eight scales, the eight mins, the 128 code bytes (148 bytes) */
 void kvl__q4_k_sb_pack(const void *src, void *dst, int64_t rows, int64_t K) {
   const int64_t nb = K / 256;
-#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; r++) {
     const uint8_t *s = (const uint8_t *)src + (size_t)r * (size_t)nb * 144;
     uint8_t *d = (uint8_t *)dst + (size_t)r * (size_t)nb * KVL__Q4_K_SB_BYTES;
@@ -130,7 +128,6 @@ void kvl__q4_k_sb_pack(const void *src, void *dst, int64_t rows, int64_t K) {
 
 void kvl__q8_0_sc_pack(const void *src, void *dst, int64_t rows, int64_t K) {
   const int64_t nb = K / 32;
-#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; r++) {
     const uint8_t *s = (const uint8_t *)src + (size_t)r * (size_t)nb * 34;
     uint8_t *d = (uint8_t *)dst + (size_t)r * (size_t)nb * 34, *q = d + 2 * nb;
@@ -147,6 +144,13 @@ void kvl__q8_0_sc_pack(const void *src, void *dst, int64_t rows, int64_t K) {
  * kernels and the fp32 sink rows read them); KVL_DECODE_REPACK says which formats get one
  * (decode_repack below). */
 static const char copy_owner = 'q';
+/* The packers run on the calling thread alone, no OpenMP: the daemon prepares its models
+ * (kvl_model_prepare) on its main thread or a libuv worker, and a parallel region there
+ * gave that thread an OpenMP pool of its own beside the compute thread's. With more
+ * OpenMP threads than CPUs, libgomp's workers spin only briefly before sleeping, so every
+ * region of every forward pass paid a wake-up: a switch's first token (bench/switch-ttft.py
+ * -c 64, in turn) 95 -> 68-73 ms (1.5B -> 0.5B) and 233-238 -> 186-206 ms (0.5B -> 1.5B)
+ * once the packers went serial, re-prefills 10-15 % faster. */
 static pthread_mutex_t copy_mu = PTHREAD_MUTEX_INITIALIZER;
 struct decode_copy { void *mem; size_t mapped, row_bytes; uint32_t type; };
 
