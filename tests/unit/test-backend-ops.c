@@ -8,6 +8,8 @@
  *                                        avx2int8 avx2int8mm; default all
  */
 #include <time.h>
+#include <dirent.h>
+#include <pthread.h>
 
 #include "../kvl_test.h"
 #include "kvl_error.h"
@@ -510,7 +512,41 @@ static void test_qdot1_avx512(void) { test_qdot1_level("avx512vnni", kvl__q8_act
  * Q4_K copy's scale bytes come from portable C, the GGUF path's from a vector unpack);
  * the copy is counted while it lives; where K does not suit the copy none is made; the
  * avx512bf16 level keeps none. */
+/* The threads of this process (/proc/self/task), or -1 where it cannot tell. */
+static int n_tasks(void) {
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* On a fresh thread (as the daemon's main thread or a libuv worker is to OpenMP): the
+ * threads of the process before and after the three packers ran there. */
+static void *packers_thread(void *arg) {
+  int *n = arg;
+  /* Q8_0's rows are the longest of the three formats' (34 bytes per 32 elements) */
+  uint8_t *w = make_weight(KVL_TYPE_Q8_0, 64, 1536), *p = malloc(kvl_row_size(KVL_TYPE_Q8_0, 1536) * 64);
+  n[0] = n_tasks();
+  kvl__q5_0_quads_pack(w, p, 64, 1536); /* any bytes will do: only the threads are counted */
+  kvl__q4_k_sb_pack(w, p, 64, 1536);
+  kvl__q8_0_sc_pack(w, p, 64, 1536);
+  n[1] = n_tasks();
+  free(w), free(p);
+  return NULL;
+}
+
 static void test_decode_copies(void) {
+  /* the packers start no threads: an OpenMP region on a thread other than the compute
+   * thread leaves a second pool beside its team, and libgomp with more threads than CPUs
+   * sleeps between regions (every forward then pays wake-ups: bench/README, session 36) */
+  int n[2] = {0, 0};
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, packers_thread, n) == 0);
+  pthread_join(th, NULL);
+  CHECK(n[0] < 0 || n[1] == n[0]);
+
   static const struct { uint32_t type; int64_t K; } cs[] = {
     {KVL_TYPE_Q5_0, 128}, {KVL_TYPE_Q5_0, 896}, {KVL_TYPE_Q5_0, 1536}, {KVL_TYPE_Q5_0, 4864}, {KVL_TYPE_Q5_0, 864},
     {KVL_TYPE_Q4_K, 256}, {KVL_TYPE_Q4_K, 1536}, {KVL_TYPE_Q4_K, 8960}, {KVL_TYPE_Q8_0, 1536}, {KVL_TYPE_Q8_0, 896},
