@@ -31,33 +31,6 @@
 
 enum { TQ = 16, SB = 4 }; /* tokens per tile; KV blocks per softmax step, at most */
 
-/* r[c] = column c of the 16 x 16 matrix whose row j was r[j]: pairs of rows interleaved
- * by 32 then 64 bits within 128-bit lanes, then the lanes gathered by two rounds of
- * 128-bit shuffles */
-static inline void transpose16(__m512 r[16]) {
-  __m512 t[16], u[16], v[16];
-  for (int i = 0; i < 8; i++) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int b = 0; b < 16; b += 4) {
-    u[b] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[b]), _mm512_castps_pd(t[b + 2])));
-    u[b + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[b]), _mm512_castps_pd(t[b + 2])));
-    u[b + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[b + 1]), _mm512_castps_pd(t[b + 3])));
-    u[b + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[b + 1]), _mm512_castps_pd(t[b + 3])));
-  }
-  for (int i = 0; i < 4; i++) {
-    v[i] = _mm512_shuffle_f32x4(u[i], u[4 + i], 0x88);
-    v[4 + i] = _mm512_shuffle_f32x4(u[i], u[4 + i], 0xdd);
-    v[8 + i] = _mm512_shuffle_f32x4(u[8 + i], u[12 + i], 0x88);
-    v[12 + i] = _mm512_shuffle_f32x4(u[8 + i], u[12 + i], 0xdd);
-  }
-  for (int i = 0; i < 8; i++) {
-    r[i] = _mm512_shuffle_f32x4(v[i], v[8 + i], 0x88);
-    r[8 + i] = _mm512_shuffle_f32x4(v[i], v[8 + i], 0xdd);
-  }
-}
-
 /* the 16 scores of one query row against a block whose keys are stored transposed (kt[c *
  * 16 + j] = element c of key j; keys past the block zero): lane j = q . key j, one FMA per
  * element with the query's element broadcast, in 8 chains (c mod 8) summed at the end. No
@@ -187,7 +160,7 @@ static void widen_t(const struct kvl_kv_layout *l, const void *src, int kh, int 
         r[j] = _mm512_castsi512_ps(
             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + off))), 16));
     }
-    transpose16(r);
+    kvl__transpose16(r);
     for (int c = 0; c < 16; c++) _mm512_store_ps(dst + (size_t)(c0 + c) * 16, r[c]);
   }
 }

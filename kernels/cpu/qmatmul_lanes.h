@@ -14,6 +14,9 @@
 #include "../backend-impl.h"
 #include "kvl_error.h"
 #include "qunpack_avx2.h"
+#if defined(__AVX512F__)
+#include "vmath_avx512.h"
+#endif
 
 /* The processor's L2 per core in bytes (512 KiB where the system does not say). */
 static inline int64_t kvl__l2_bytes(void) {
@@ -63,32 +66,10 @@ static inline __attribute__((always_inline)) void kvl__lanes_t32(const int32_t *
 #if defined(__AVX512F__)
   if (TG == 16)
     for (; i + 16 <= n; i += 16) {
-      __m512i r[16], u[16];
-      for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_si512((const void *)(src + t * ld + i));
-      /* rows paired by 32 then 64 bits within 128-bit lanes, then the lanes gathered */
-      for (int t = 0; t < 16; t += 2) {
-        u[t] = _mm512_unpacklo_epi32(r[t], r[t + 1]);
-        u[t + 1] = _mm512_unpackhi_epi32(r[t], r[t + 1]);
-      }
-      for (int t = 0; t < 16; t += 4) {
-        r[t] = _mm512_unpacklo_epi64(u[t], u[t + 2]);
-        r[t + 1] = _mm512_unpackhi_epi64(u[t], u[t + 2]);
-        r[t + 2] = _mm512_unpacklo_epi64(u[t + 1], u[t + 3]);
-        r[t + 3] = _mm512_unpackhi_epi64(u[t + 1], u[t + 3]);
-      }
-      /* r[4a + c], 128-bit lane l: column 4l + c of rows 4a..4a+3 */
-      for (int c = 0; c < 4; c++) {
-        u[c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);      /* rows 0-7, lanes 0, 2 */
-        u[4 + c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);  /* rows 0-7, lanes 1, 3 */
-        u[8 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
-        u[12 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
-      }
-      for (int c = 0; c < 8; c++) {
-        /* column (c & 3) + 4 x lane of u[c] / u[8 + c] */
-        const int col = (c & 3) + (c < 4 ? 0 : 4);
-        _mm512_storeu_si512((void *)(dst + (i + col) * 16), _mm512_shuffle_i32x4(u[c], u[8 + c], 0x88));
-        _mm512_storeu_si512((void *)(dst + (i + col + 8) * 16), _mm512_shuffle_i32x4(u[c], u[8 + c], 0xdd));
-      }
+      __m512 r[16];
+      for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_ps(src + t * ld + i);
+      kvl__transpose16(r);
+      for (int c = 0; c < 16; c++) _mm512_storeu_ps(dst + (i + c) * 16, r[c]);
     }
 #endif
   if (TG == 8)

@@ -1,5 +1,6 @@
 /* vmath_avx512.h — vector math shared by the AVX-512 kernels (attention's softmax, the
- * SwiGLU activation). Include only from files compiled with -mavx512f. */
+ * SwiGLU activation, a register transpose for attention's keys and the lanes kernels'
+ * activations). Include only from files compiled with -mavx512f. */
 #ifndef KVL_VMATH_AVX512_H
 #define KVL_VMATH_AVX512_H
 
@@ -21,6 +22,34 @@ static inline __m512 kvl__exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(p, n);
+}
+
+/* r[c] = column c of the 16 x 16 matrix of 32-bit lanes whose row j was r[j], the bits
+ * moved as they are (integers go through it cast: the lanes kernels' activations): pairs
+ * of rows interleaved by 32 then 64 bits within 128-bit lanes, then the lanes gathered by
+ * two rounds of 128-bit shuffles */
+static inline void kvl__transpose16(__m512 r[16]) {
+  __m512 t[16], u[16], v[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int b = 0; b < 16; b += 4) {
+    u[b] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[b]), _mm512_castps_pd(t[b + 2])));
+    u[b + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[b]), _mm512_castps_pd(t[b + 2])));
+    u[b + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[b + 1]), _mm512_castps_pd(t[b + 3])));
+    u[b + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[b + 1]), _mm512_castps_pd(t[b + 3])));
+  }
+  for (int i = 0; i < 4; i++) {
+    v[i] = _mm512_shuffle_f32x4(u[i], u[4 + i], 0x88);
+    v[4 + i] = _mm512_shuffle_f32x4(u[i], u[4 + i], 0xdd);
+    v[8 + i] = _mm512_shuffle_f32x4(u[8 + i], u[12 + i], 0x88);
+    v[12 + i] = _mm512_shuffle_f32x4(u[8 + i], u[12 + i], 0xdd);
+  }
+  for (int i = 0; i < 8; i++) {
+    r[i] = _mm512_shuffle_f32x4(v[i], v[8 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_f32x4(v[i], v[8 + i], 0xdd);
+  }
 }
 
 #endif
