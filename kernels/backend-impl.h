@@ -153,7 +153,10 @@ void kvl__attn_prefetch(const struct kvl_attn_args *a, const int32_t *bt, int j0
 /* Attention tiled over query rows and KV blocks (cpu/attn_avx512.c, AVX-512F/BW/VL):
  * whether it takes these arguments (head_dim a multiple of 16, at most 256), and the op. */
 bool kvl__attention_avx512_fits(const struct kvl_attn_args *a);
-void kvl__attention_avx512(const struct kvl_attn_args *a);
+void kvl__attention_avx512(const struct kvl_attn_args *a, bool bf16);
+/* whether the CPU backend's AVX-512 attention runs its bf16 products (bf16 KV, heads of 64
+ * or 128): AVX512_BF16 present and KVL_ATTN not "fp32" */
+bool kvl__attn_bf16(void);
 
 /* The same tiling on AVX2 (cpu/attn_avx2.c): head_dim a multiple of 8, at most 512. */
 bool kvl__attention_avx2_fits(const struct kvl_attn_args *a);

@@ -116,7 +116,7 @@ static void attn_fixture_case(struct attn_fixture *f, int i, char *desc, size_t 
 
 /* The fixture through `be` into *o and through the reference into *orf (both new,
  * [T][n_head * d], the caller frees them); their nmse. */
-static double attn_fixture_run(const struct attn_fixture *f, kvl_backend_t *be, float **o, float **orf) {
+static inline double attn_fixture_run(const struct attn_fixture *f, kvl_backend_t *be, float **o, float **orf) {
   const size_t n = (size_t)f->a.n_tokens * f->a.n_head * f->l.head_dim;
   *o = malloc(n * 4), *orf = malloc(n * 4);
   struct kvl_attn_args a = f->a;

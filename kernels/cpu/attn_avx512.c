@@ -200,12 +200,177 @@ static inline __attribute__((always_inline)) float softmax_step(__m512 *sc, int 
   return corr;
 }
 
+/* ---- bf16 dot products (AVX512_BF16) -------------------------------------------------
+ *
+ * With bf16 KV on a processor that has AVX512_BF16 (AMD Zen 4 and later, Intel Sapphire
+ * Rapids and later) the scores and the weighted values are vdpbf16ps: two bf16 products
+ * added into each fp32 lane, the work of two FMAs in one instruction at the FMA's rate
+ * (bench/kernel-ab/pipes.c), on the keys and values as the cache stores them (no
+ * widening). The query and the softmax weights are rounded to bf16 (nearest even) for
+ * the products; scores, the running maximum and sum, and the accumulators stay fp32 — the
+ * split flash attention makes on GPUs. Heads of 64 and 128; KVL_ATTN=fp32 (cpu.c) keeps
+ * the fp32 products above. As there, a row's arithmetic does not depend on its tile or on
+ * whether it was paired. */
+#define BF16 __attribute__((target("avx512bf16")))
+
+/* a block's keys for scores_bf: dst vector c (of d/2) lane j = elements 2c, 2c+1 of key
+ * j as a bf16 pair, keys nj..15 zero: 16 x 16 transposes of 32-bit pairs */
+BF16 static void keys_pairs(const struct kvl_kv_layout *l, const void *src, int kh, int nj, uint32_t *dst) {
+  const int d = l->head_dim, kvw = l->n_kv_head * d;
+  for (int c0 = 0; c0 < d / 2; c0 += 16) {
+    __m512 r[16];
+    for (int j = 0; j < 16; j++)
+      r[j] = j < nj ? _mm512_loadu_ps((const uint16_t *)src + (size_t)j * kvw + (size_t)kh * d + 2 * c0)
+                    : _mm512_setzero_ps();
+    kvl__transpose16(r);
+    for (int c = 0; c < 16; c++) _mm512_store_ps(dst + (size_t)(c0 + c) * 16, r[c]);
+  }
+}
+
+/* a block's values for pv_bf: per pair of keys (2p, 2p+1) and 32 elements, two vectors
+ * whose lanes hold an element of both keys as a bf16 pair (unpack low / high of the two
+ * rows: lane 4L + i of the low one is element 8L + i, of the high one 8L + 4 + i); keys
+ * nj..15 zero */
+BF16 static void values_pairs(const struct kvl_kv_layout *l, const void *src, int kh, int nj, uint32_t *dst) {
+  const int d = l->head_dim, kvw = l->n_kv_head * d;
+  for (int p = 0; p < KVL_KV_BLOCK / 2; p++) {
+    const uint16_t *s0 = (const uint16_t *)src + (size_t)(2 * p) * kvw + (size_t)kh * d, *s1 = s0 + kvw;
+    for (int ch = 0; ch < d / 32; ch++) {
+      const __m512i v0 = 2 * p < nj ? _mm512_loadu_si512(s0 + 32 * ch) : _mm512_setzero_si512();
+      const __m512i v1 = 2 * p + 1 < nj ? _mm512_loadu_si512(s1 + 32 * ch) : _mm512_setzero_si512();
+      _mm512_store_si512(dst + ((size_t)p * (d / 16) + 2 * ch) * 16, _mm512_unpacklo_epi16(v0, v1));
+      _mm512_store_si512(dst + ((size_t)p * (d / 16) + 2 * ch + 1) * 16, _mm512_unpackhi_epi16(v0, v1));
+    }
+  }
+}
+
+/* a query row (d floats) as d / 2 bf16 pairs */
+BF16 static void query_pairs(const float *q, int d, uint32_t *dst) {
+  for (int c = 0; c < d; c += 32)
+    _mm512_storeu_si512(dst + c / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + c + 16), _mm512_loadu_ps(q + c)));
+}
+
+/* scores16 on bf16 pairs for NR (1 or 2) rows against one block (keys_pairs' layout): 8
+ * chains per row (pair c mod 8), each key vector loaded once for both rows */
+BF16 static inline __attribute__((always_inline)) void scores_bf(const uint32_t *q0, const uint32_t *q1,
+                                                                const uint32_t *kt, int d, const int NR, __m512 *r0,
+                                                                __m512 *r1) {
+  __m512 s[8], u[8];
+  for (int k = 0; k < 8; k++) s[k] = _mm512_setzero_ps(), u[k] = _mm512_setzero_ps();
+  for (int c = 0; c < d / 2; c += 8) {
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+      __m512 kv = _mm512_load_ps(kt + (c + k) * 16);
+      if (NR == 2) __asm__("" : "+v"(kv));
+      s[k] = _mm512_dpbf16_ps(s[k], (__m512bh)_mm512_set1_epi32((int)q0[c + k]), (__m512bh)kv);
+      if (NR == 2) u[k] = _mm512_dpbf16_ps(u[k], (__m512bh)_mm512_set1_epi32((int)q1[c + k]), (__m512bh)kv);
+    }
+  }
+  *r0 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])),
+                      _mm512_add_ps(_mm512_add_ps(s[4], s[5]), _mm512_add_ps(s[6], s[7])));
+  if (NR == 2)
+    *r1 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(u[0], u[1]), _mm512_add_ps(u[2], u[3])),
+                        _mm512_add_ps(_mm512_add_ps(u[4], u[5]), _mm512_add_ps(u[6], u[7])));
+}
+
+/* the softmax weights of nb blocks (f32, zero past the visible keys) as bf16 */
+BF16 static inline void weights_bf(const float *p, int nb, uint16_t *pb) {
+  for (int b = 0; b < nb; b++)
+    _mm256_store_si256((__m256i *)(pb + 16 * b), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(p + 16 * b)));
+}
+
+/* pv_n on bf16 pairs for NR rows: acc = acc * corr + the first nv keys' weights (pb, bf16)
+ * times their values (values_pairs' layout: key pair p's ND = d / 16 vectors), a pair of
+ * keys per vdpbf16ps; acc in values_pairs' lane order (out_bf puts it back) */
+BF16 static inline __attribute__((always_inline)) void pv_bf(float *acc0, float *acc1, float corr0, float corr1,
+                                                            const uint16_t *p0, const uint16_t *p1,
+                                                            const uint32_t *vp, int nv, const int ND, const int NR) {
+  __m512 a[8], b[8];
+#pragma GCC unroll 8
+  for (int c = 0; c < ND; c++) {
+    a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc0 + 16 * c), _mm512_set1_ps(corr0));
+    if (NR == 2) b[c] = _mm512_mul_ps(_mm512_loadu_ps(acc1 + 16 * c), _mm512_set1_ps(corr1));
+  }
+  for (int p = 0; p < (nv + 1) / 2; p++) {
+    uint32_t w0, w1 = 0;
+    memcpy(&w0, p0 + 2 * p, 4);
+    if (NR == 2) memcpy(&w1, p1 + 2 * p, 4);
+    const __m512bh pa = (__m512bh)_mm512_set1_epi32((int)w0), pb = (__m512bh)_mm512_set1_epi32((int)w1);
+#pragma GCC unroll 8
+    for (int c = 0; c < ND; c++) {
+      __m512 v = _mm512_load_ps(vp + ((size_t)p * ND + c) * 16);
+      if (NR == 2) __asm__("" : "+v"(v));
+      a[c] = _mm512_dpbf16_ps(a[c], pa, (__m512bh)v);
+      if (NR == 2) b[c] = _mm512_dpbf16_ps(b[c], pb, (__m512bh)v);
+    }
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < ND; c++) {
+    _mm512_storeu_ps(acc0 + 16 * c, a[c]);
+    if (NR == 2) _mm512_storeu_ps(acc1 + 16 * c, b[c]);
+  }
+}
+
+/* a row's output from its accumulator in values_pairs' order, times inv */
+static inline void out_bf(const float *acc, int d, float inv, float *o) {
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512 iv = _mm512_set1_ps(inv);
+  for (int c = 0; c < d; c += 32) {
+    const __m512 a = _mm512_loadu_ps(acc + c), b = _mm512_loadu_ps(acc + c + 16);
+    _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_permutex2var_ps(a, lo, b), iv));
+    _mm512_storeu_ps(o + c + 16, _mm512_mul_ps(_mm512_permutex2var_ps(a, hi, b), iv));
+  }
+}
+
 bool kvl__attention_avx512_fits(const struct kvl_attn_args *a) {
   const int d = a->kv->head_dim;
   return d % 16 == 0 && d <= 256 && a->n_head % a->kv->n_kv_head == 0;
 }
 
-void kvl__attention_avx512(const struct kvl_attn_args *a) {
+/* the bf16 path's query rows of a tile, its weights and its step */
+BF16 static void tile_queries_bf(const struct kvl_attn_args *a, int t0, int R, int group, int kh, uint32_t *q2) {
+  const int d = a->kv->head_dim;
+  for (int i = 0; i < R; i++)
+    query_pairs(a->q + ((size_t)(t0 + i / group) * a->n_head + kh * group + i % group) * d, d, q2 + (size_t)i * (d / 2));
+}
+
+BF16 static void step_bf(const struct kvl_attn_args *a, int t0, int R, int group, int j0, int nk, const uint32_t *q2,
+                         const uint32_t *kt, const uint32_t *vp, float *acc, float *m, float *lsum) {
+  const int d = a->kv->head_dim, h2 = d / 2;
+  for (int i = 0; i < R;) {
+    const int nv = visible(a, t0 + i / group, j0, nk);
+    if (nv <= 0) {
+      i++;
+      continue;
+    }
+    const int nb = (nv + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK;
+    __m512 sc[SB], sc1[SB];
+    float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64))), pj1[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
+    uint16_t pb[SB * KVL_KV_BLOCK] __attribute__((aligned(64))), pb1[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
+    const uint32_t *qa = q2 + (size_t)i * h2, *qb = qa + h2;
+    if (i + 1 < R && visible(a, t0 + (i + 1) / group, j0, nk) == nv) {
+      for (int b = 0; b < nb; b++) scores_bf(qa, qb, kt + (size_t)b * KVL_KV_BLOCK * h2, d, 2, &sc[b], &sc1[b]);
+      const float corr = softmax_step(sc, nb, nv, a->scale, &m[i], &lsum[i], pj);
+      const float corr1 = softmax_step(sc1, nb, nv, a->scale, &m[i + 1], &lsum[i + 1], pj1);
+      weights_bf(pj, nb, pb);
+      weights_bf(pj1, nb, pb1);
+      float *a0 = acc + (size_t)i * d, *a1 = a0 + d;
+      if (d == 64) pv_bf(a0, a1, corr, corr1, pb, pb1, vp, nv, 4, 2);
+      else pv_bf(a0, a1, corr, corr1, pb, pb1, vp, nv, 8, 2);
+      i += 2;
+      continue;
+    }
+    for (int b = 0; b < nb; b++) scores_bf(qa, NULL, kt + (size_t)b * KVL_KV_BLOCK * h2, d, 1, &sc[b], NULL);
+    const float corr = softmax_step(sc, nb, nv, a->scale, &m[i], &lsum[i], pj);
+    weights_bf(pj, nb, pb);
+    if (d == 64) pv_bf(acc + (size_t)i * d, NULL, corr, 0, pb, NULL, vp, nv, 4, 1);
+    else pv_bf(acc + (size_t)i * d, NULL, corr, 0, pb, NULL, vp, nv, 8, 1);
+    i++;
+  }
+}
+
+void kvl__attention_avx512(const struct kvl_attn_args *a, bool bf16) {
   const struct kvl_kv_layout *l = a->kv;
   const int d = l->head_dim, group = a->n_head / l->n_kv_head;
   int *tile = malloc((size_t)(a->n_tokens + 1) * sizeof(int));
@@ -215,13 +380,16 @@ void kvl__attention_avx512(const struct kvl_attn_args *a) {
   /* KV blocks per softmax step: 4 for heads of 64 (0.5B pp2048 +6 %), 1 for wider ones
    * (1.5B, heads of 128: pp512 -4 % with 4; back-to-back runs on a Zen 5) */
   const int sb = d <= 64 ? SB : 1;
+  const bool bf = bf16 && l->dtype == KVL_KV_BF16 && (d == 64 || d == 128);
 #pragma omp parallel
   {
+    /* the step's keys and values: widened to fp32, or (bf) as bf16 pairs in half the room */
     float *kb = aligned_alloc(64, (size_t)SB * KVL_KV_BLOCK * d * sizeof(float));
     float *vb = aligned_alloc(64, (size_t)SB * KVL_KV_BLOCK * d * sizeof(float));
     float *acc = malloc((size_t)TQ * group * d * sizeof(float));
     float *m = malloc((size_t)TQ * group * sizeof(float)), *lsum = malloc((size_t)TQ * group * sizeof(float));
-    KVL_ASSERT(kb && vb && acc && m && lsum);
+    uint32_t *q2 = bf ? aligned_alloc(64, (size_t)TQ * group * d * 2) : NULL; /* the tile's queries in bf16 */
+    KVL_ASSERT(kb && vb && acc && m && lsum && (q2 || !bf));
     /* later tiles see more keys: hand them out first */
 #pragma omp for schedule(dynamic, 1)
     for (int it = n_items - 1; it >= 0; it--) {
@@ -231,15 +399,27 @@ void kvl__attention_avx512(const struct kvl_attn_args *a) {
       const int last = a->pos[t0 + tn - 1];
       for (int i = 0; i < R; i++) m[i] = -INFINITY, lsum[i] = 0;
       memset(acc, 0, (size_t)R * d * sizeof(float));
+      if (bf) tile_queries_bf(a, t0, R, group, kh, q2);
       for (int j0 = 0; j0 <= last; j0 += sb * KVL_KV_BLOCK) {
         const int nk = last + 1 - j0 < sb * KVL_KV_BLOCK ? last + 1 - j0 : sb * KVL_KV_BLOCK; /* keys in this step */
         for (int b = 0; b * KVL_KV_BLOCK < nk; b++) {
           const int jb = j0 + b * KVL_KV_BLOCK, nj = nk - b * KVL_KV_BLOCK < KVL_KV_BLOCK ? nk - b * KVL_KV_BLOCK : KVL_KV_BLOCK;
+          const void *ks = kvl_kv_k_ptr(l, (void *)a->kv_base, bt[jb / KVL_KV_BLOCK], a->layer);
+          const void *vs = kvl_kv_v_ptr(l, (void *)a->kv_base, bt[jb / KVL_KV_BLOCK], a->layer);
+          if (bf) {
+            keys_pairs(l, ks, kh, nj, (uint32_t *)kb + (size_t)b * KVL_KV_BLOCK * d / 2);
+            values_pairs(l, vs, kh, nj, (uint32_t *)vb + (size_t)b * KVL_KV_BLOCK * d / 2);
+            continue;
+          }
           float *kbb = kb + (size_t)b * KVL_KV_BLOCK * d, *vbb = vb + (size_t)b * KVL_KV_BLOCK * d;
-          widen_t(l, kvl_kv_k_ptr(l, (void *)a->kv_base, bt[jb / KVL_KV_BLOCK], a->layer), kh, nj, kbb);
-          widen(l, kvl_kv_v_ptr(l, (void *)a->kv_base, bt[jb / KVL_KV_BLOCK], a->layer), kh, nj, vbb);
+          widen_t(l, ks, kh, nj, kbb);
+          widen(l, vs, kh, nj, vbb);
         }
         kvl__attn_prefetch(a, bt, j0 + sb * KVL_KV_BLOCK, sb, kh, last);
+        if (bf) {
+          step_bf(a, t0, R, group, j0, nk, q2, (const uint32_t *)kb, (const uint32_t *)vb, acc, m, lsum);
+          continue;
+        }
         /* rows in pairs where both see the same keys (every step but a tile's causal edge),
          * on heads of 64 or 128: each key and value vector loaded once for two rows */
         for (int i = 0; i < R;) {
@@ -274,6 +454,10 @@ void kvl__attention_avx512(const struct kvl_attn_args *a) {
       for (int i = 0; i < R; i++) {
         const int t = t0 + i / group, h = kh * group + i % group;
         float *o = a->out + ((size_t)t * a->n_head + h) * d;
+        if (bf) {
+          out_bf(acc + (size_t)i * d, d, 1.0f / lsum[i], o);
+          continue;
+        }
         const __m512 inv = _mm512_set1_ps(1.0f / lsum[i]);
         for (int c = 0; c < d; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(acc + (size_t)i * d + c), inv));
       }
@@ -283,6 +467,7 @@ void kvl__attention_avx512(const struct kvl_attn_args *a) {
     free(acc);
     free(m);
     free(lsum);
+    free(q2);
   }
   free(tile);
 }

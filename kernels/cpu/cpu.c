@@ -595,12 +595,26 @@ int kvl__attn_tiles(const struct kvl_attn_args *a, int tq, int *tile) {
   return n;
 }
 
+/* Whether the AVX-512 attention takes bf16 products (attn_avx512.c): the processor has
+ * AVX512_BF16 (CPUID leaf 7, subleaf 1, EAX bit 5; clang 14's __builtin_cpu_supports does
+ * not know it) and KVL_ATTN is not "fp32". Every AVX-512 level and its twins alike, so a
+ * prompt's cache does not depend on which of them ran a chunk. */
+bool kvl__attn_bf16(void) {
+  static int on = -1;
+  if (on < 0) {
+    unsigned ea = 0, eb, ec, ed;
+    const char *e = getenv("KVL_ATTN");
+    on = __get_cpuid_count(7, 1, &ea, &eb, &ec, &ed) && (ea & (1u << 5)) && !(e && !strcmp(e, "fp32"));
+  }
+  return on;
+}
+
 /* Flash-style: for each (token, query head) an online softmax streamed over the cache
  * block by block; nothing of size positions x positions is materialised. */
 static void cpu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   const struct kvl__simd *s = S(be);
   if (s == &kvl__simd_avx512 && kvl__attention_avx512_fits(a)) {
-    kvl__attention_avx512(a);
+    kvl__attention_avx512(a, kvl__attn_bf16());
     return;
   }
   if (s == &kvl__simd_avx2 && kvl__attention_avx2_fits(a)) {

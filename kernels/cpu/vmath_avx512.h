@@ -28,7 +28,7 @@ static inline __m512 kvl__exp512(__m512 x) {
  * moved as they are (integers go through it cast: the lanes kernels' activations): pairs
  * of rows interleaved by 32 then 64 bits within 128-bit lanes, then the lanes gathered by
  * two rounds of 128-bit shuffles */
-static inline void kvl__transpose16(__m512 r[16]) {
+static inline __attribute__((always_inline)) void kvl__transpose16(__m512 r[16]) {
   __m512 t[16], u[16], v[16];
   for (int i = 0; i < 8; i++) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
