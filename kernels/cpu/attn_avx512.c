@@ -18,8 +18,10 @@
  *
  * Every row's arithmetic is the same whatever else is in its tile (masked keys add exact
  * zeros, and the steps are fixed by position), so a token's output does not depend on how
- * its prompt was chunked. Compiled with -mavx512f -mavx512bw -mavx512vl; called only when
- * the processor has them. */
+ * its prompt was chunked. With bf16 KV on a processor with AVX512_BF16 the scores and
+ * values are bf16 dot products instead (below: nothing widened, half the instructions).
+ * Compiled with -mavx512f -mavx512bw -mavx512vl (the bf16 functions carry their own
+ * target); called only when the processor has them. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
