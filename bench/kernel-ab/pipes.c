@@ -40,6 +40,23 @@ static double now(void) {
     }                                                                                                          \
   } while (0)
 
+/* 16 independent OP alone per iteration (zmm0-7, twice) */
+#define OP16(op)                                                                                               \
+  ".rept 2\n" op " %%zmm20, %%zmm21, %%zmm0\n" op " %%zmm20, %%zmm21, %%zmm1\n" op " %%zmm20, %%zmm21, %%zmm2\n"   \
+  op " %%zmm20, %%zmm21, %%zmm3\n" op " %%zmm20, %%zmm21, %%zmm4\n" op " %%zmm20, %%zmm21, %%zmm5\n"             \
+  op " %%zmm20, %%zmm21, %%zmm6\n" op " %%zmm20, %%zmm21, %%zmm7\n.endr\n"
+#define TIME_ALONE(var, op)                                                                                    \
+  do {                                                                                                         \
+    var = 1e30;                                                                                                \
+    for (int r = 0; r < 5; r++) {                                                                              \
+      const double t0 = now();                                                                                 \
+      __asm__ volatile("mov %0, %%rcx\n1:\n" OP16(op) "dec %%rcx\njnz 1b\n" ::"r"(ITERS)                     \
+                       : "rcx", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7");               \
+      const double dt = (now() - t0) / ITERS * 1e9;                                                            \
+      var = dt < var ? dt : var;                                                                                \
+    }                                                                                                          \
+  } while (0)
+
 int main(void) {
   unsigned a, b, c, d;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(c & (1u << 11)) || !(b & (1u << 16))) {
@@ -69,6 +86,16 @@ int main(void) {
     }
     printf("  + 4 %-22s %6.3f ns  (x%.3f: %s)\n", names[i], t, t / base,
            t / base > 1.1 ? "shares vpdpbusd's pipes" : "free");
+  }
+  /* AVX512_BF16 (leaf 7, subleaf 1, EAX bit 5): vdpbf16ps, two bf16 products added into
+   * each fp32 lane, against vfmadd231ps; the same time per instruction is twice the work
+   * (the attention's bf16 products: bench/README.md, session 37) */
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5))) {
+    double fma, dpbf;
+    TIME_ALONE(fma, "vfmadd231ps");
+    TIME_ALONE(dpbf, "vdpbf16ps");
+    printf("16 vfmadd231ps alone         %6.3f ns per iteration\n16 vdpbf16ps alone           %6.3f ns (x%.3f)\n", fma,
+           dpbf, dpbf / fma);
   }
   return 0;
 }
