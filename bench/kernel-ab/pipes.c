@@ -17,13 +17,12 @@ static double now(void) {
 }
 
 #define ITERS 20000000L
-#define DP16                                                                                                   \
-  ".rept 2\n"                                                                                                  \
-  "vpdpbusd %%zmm20, %%zmm21, %%zmm0\n vpdpbusd %%zmm20, %%zmm21, %%zmm1\n"                                    \
-  "vpdpbusd %%zmm20, %%zmm21, %%zmm2\n vpdpbusd %%zmm20, %%zmm21, %%zmm3\n"                                    \
-  "vpdpbusd %%zmm20, %%zmm21, %%zmm4\n vpdpbusd %%zmm20, %%zmm21, %%zmm5\n"                                    \
-  "vpdpbusd %%zmm20, %%zmm21, %%zmm6\n vpdpbusd %%zmm20, %%zmm21, %%zmm7\n"                                    \
-  ".endr\n"
+/* 16 independent OP per iteration (zmm0-7, twice) */
+#define OP16(op)                                                                                               \
+  ".rept 2\n" op " %%zmm20, %%zmm21, %%zmm0\n" op " %%zmm20, %%zmm21, %%zmm1\n" op " %%zmm20, %%zmm21, %%zmm2\n"   \
+  op " %%zmm20, %%zmm21, %%zmm3\n" op " %%zmm20, %%zmm21, %%zmm4\n" op " %%zmm20, %%zmm21, %%zmm5\n"             \
+  op " %%zmm20, %%zmm21, %%zmm6\n" op " %%zmm20, %%zmm21, %%zmm7\n.endr\n"
+#define DP16 OP16("vpdpbusd")
 #define X4(op) op " %%zmm22, %%zmm23, %%zmm8\n" op " %%zmm22, %%zmm23, %%zmm9\n" \
                op " %%zmm22, %%zmm23, %%zmm10\n" op " %%zmm22, %%zmm23, %%zmm11\n"
 /* the fastest of 5 timings of ITERS iterations of body, in ns per iteration */
@@ -40,11 +39,6 @@ static double now(void) {
     }                                                                                                          \
   } while (0)
 
-/* 16 independent OP alone per iteration (zmm0-7, twice) */
-#define OP16(op)                                                                                               \
-  ".rept 2\n" op " %%zmm20, %%zmm21, %%zmm0\n" op " %%zmm20, %%zmm21, %%zmm1\n" op " %%zmm20, %%zmm21, %%zmm2\n"   \
-  op " %%zmm20, %%zmm21, %%zmm3\n" op " %%zmm20, %%zmm21, %%zmm4\n" op " %%zmm20, %%zmm21, %%zmm5\n"             \
-  op " %%zmm20, %%zmm21, %%zmm6\n" op " %%zmm20, %%zmm21, %%zmm7\n.endr\n"
 int main(void) {
   unsigned a, b, c, d;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(c & (1u << 11)) || !(b & (1u << 16))) {
