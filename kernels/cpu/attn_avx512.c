@@ -333,8 +333,10 @@ bool kvl__attention_avx512_fits(const struct kvl_attn_args *a) {
 /* the bf16 path's query rows of a tile, its weights and its step */
 BF16 static void tile_queries_bf(const struct kvl_attn_args *a, int t0, int R, int group, int kh, uint32_t *q2) {
   const int d = a->kv->head_dim;
-  for (int i = 0; i < R; i++)
-    query_pairs(a->q + ((size_t)(t0 + i / group) * a->n_head + kh * group + i % group) * d, d, q2 + (size_t)i * (d / 2));
+  for (int i = 0; i < R; i++) {
+    const float *q = a->q + ((size_t)(t0 + i / group) * a->n_head + kh * group + i % group) * d;
+    query_pairs(q, d, q2 + (size_t)i * (d / 2));
+  }
 }
 
 BF16 static void step_bf(const struct kvl_attn_args *a, int t0, int R, int group, int j0, int nk, const uint32_t *q2,
