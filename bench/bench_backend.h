@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "kvl_kernels.h"
 
 /* --backend cpu|cuda: sets *cuda and returns 0, or says what is wrong (as `prog`) and
@@ -27,6 +29,13 @@ static inline kvl_backend_t *kvl_bench_backend(const char *prog, bool cuda) {
   kvl_backend_t *be = cuda ? kvl_backend_cuda(why, sizeof(why)) : kvl_backend_cpu();
   if (!be) fprintf(stderr, "%s: --backend cuda: %s\n", prog, why);
   return be;
+}
+
+/* res's "attn": the products of be's attention over this cache (kvl_backend_attention;
+ * left out for backends that do not say) */
+static inline void kvl_bench_attn_field(json_t *res, const kvl_backend_t *be, bool kv_bf16) {
+  const char *attn = kvl_backend_attention(be, kv_bf16);
+  if (res && attn) json_object_set_new(res, "attn", json_string(attn));
 }
 
 #endif

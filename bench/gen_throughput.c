@@ -184,6 +184,7 @@ int main(int argc, char **argv) {
       json_object_set_new(res, "prefix_hit_rate", json_real(run.prompt ? (double)run.cached / (double)run.prompt : 0));
       json_object_set_new(res, "kv", json_string(kvdt == KVL_KV_BF16 ? "bf16" : "f32"));
       json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
+      kvl_bench_attn_field(res, be, kvdt == KVL_KV_BF16);
       fprintf(stderr, "%s c=%d: %.1f tokens/s, ttft p50 %.0f ms, itl p50 %.0f ms (%d prompt tokens, %.0f%% from the cache, %.1f s)\n",
               kvl_bench_model_name(models[mi]), N, tps, pct(ttft, N, 50), pct(itl, n_itl, 50), total_prompt,
               run.prompt ? 100.0 * (double)run.cached / (double)run.prompt : 0.0, secs);

@@ -242,6 +242,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     json_object_set_new(res, "kv", json_string(kvname));
     json_object_set_new(res, "threads", json_integer(threads));
     json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
+    kvl_bench_attn_field(res, be, !strcmp(kvname, "bf16"));
     json_object_set_new(res, "depth", json_integer(o->depth));
     /* the memory the backend's repacked weight copies take (bf16 for prefill, Q5_0 for decode) */
     json_object_set_new(res, "repacked_mib", json_real((double)kvl_wpack_total_bytes() / (1 << 20)));
@@ -299,6 +300,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     json_object_set_new(res, "kv", json_string(kvname));
     json_object_set_new(res, "threads", json_integer(threads));
     json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
+    kvl_bench_attn_field(res, be, !strcmp(kvname, "bf16"));
     json_object_set_new(res, "prompt_tokens", json_integer(TG_PROMPT));
     json_object_set_new(res, "weight_mib_per_token", json_real((double)wbytes / (1 << 20)));
     json_object_set_new(res, "repacked_mib", json_real((double)kvl_wpack_total_bytes() / (1 << 20)));
@@ -354,7 +356,8 @@ static void usage(FILE *f) {
     "      --out DIR      where to write the results (default bench/results)\n"
     "  -h, --help         this text\n"
     "\n"
-    "Threads: OpenMP's (OMP_NUM_THREADS); SIMD level: KVL_CPU=scalar|avx2|avx2int8|avx2int8mm|avx512|avx512vnni|avx512vnnimm|amx|avx512bf16.\n",
+    "Threads: OpenMP's (OMP_NUM_THREADS); SIMD level: KVL_CPU=scalar|avx2|avx2int8|avx2int8mm|avx512|avx512vnni|avx512vnnimm|amx|avx512bf16;\n"
+    "attention's products: KVL_ATTN=fp32 keeps them fp32 where AVX512_BF16 makes them bf16 (\"attn\" in the results).\n",
     TG_PROMPT);
 }
 

@@ -57,6 +57,13 @@ static void make_spill_dir(const struct kvld *d) {
   mkdir(dir, 0700);
 }
 
+/* what a model's attention multiplies in ("bf16" or "fp32": kvl_backend_attention), for
+ * model_loaded; "backend" for a backend that does not say */
+static const char *attention_products(const struct kvld_model *m) {
+  const char *a = kvl_backend_attention(m->be ? m->be : kvl_backend_cpu(), !strcmp(m->kv_dtype, "bf16"));
+  return a ? a : "backend";
+}
+
 static int load_models(struct kvld *d, kvl_sched_t *s, char *err, size_t errlen) {
   bool spill_used = d->cfg.cache_snapshot; /* snapshots are written there at shutdown */
   for (int i = 0; i < d->cfg.n_models; i++) spill_used |= d->cfg.models[i].disk_bytes > 0;
@@ -79,9 +86,9 @@ static int load_models(struct kvld *d, kvl_sched_t *s, char *err, size_t errlen)
     kvl_sched_model_stats(s, m->sched_id, &st);
     kvld_log(KVLD_INFO, "model_loaded",
              "\"model\":\"%s\",\"file\":\"%s\",\"layers\":%d,\"kv_dtype\":\"%s\",\"hot_mib\":%lld,\"prefault_s\":%.3f,"
-             "\"repacked_mib\":%.1f",
+             "\"repacked_mib\":%.1f,\"attention\":\"%s\"",
              m->name, m->path, kvl_model_hparams(m->m)->n_layer, m->kv_dtype, (long long)(d->cfg.models[i].hot_bytes >> 20),
-             st.pool.prefault_ms / 1e3, (double)m->repacked_bytes / (1 << 20));
+             st.pool.prefault_ms / 1e3, (double)m->repacked_bytes / (1 << 20), attention_products(m));
   }
   return 0;
 }

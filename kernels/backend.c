@@ -6,6 +6,11 @@
 
 const char *kvl_backend_name(const kvl_backend_t *be) { return be->name; }
 
+const char *kvl_backend_attention(const kvl_backend_t *be, bool kv_bf16) {
+  if (!be || !be->simd) return NULL;
+  return kv_bf16 && be->simd == &kvl__simd_avx512 && kvl__attn_bf16() ? "bf16" : "fp32";
+}
+
 void kvl_wpack_release(struct kvl_wpack *p) {
   if (p && p->impl && p->release) p->release(p);
 }

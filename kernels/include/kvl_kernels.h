@@ -176,6 +176,11 @@ kvl_backend_t *kvl_backend_cuda(char *why, size_t whylen);
  * pass on the slow truth, for tests. */
 kvl_backend_t *kvl_backend_ref(void);
 const char *kvl_backend_name(const kvl_backend_t *be);
+/* The products of this backend's attention over a cache of kv_bf16 ? bf16 : fp32 values,
+ * for logs and benchmark records: "bf16" on the CPU's AVX-512 levels where the processor
+ * has AVX512_BF16 (bf16 cache, heads of 64 and 128; KVL_ATTN=fp32 turns it off), "fp32"
+ * on the other CPU levels; NULL for other backends. */
+const char *kvl_backend_attention(const kvl_backend_t *be, bool kv_bf16);
 /* The same backend for batches whose numerics should not depend on how they were batched
  * (prefill chunks, the attention sink): the CPU levels drop their int8 decode kernels
  * (fp32), except the AMX level, whose tiles are batch-invariant (a row's result depends on
