@@ -33,69 +33,75 @@
 
 enum { TQ = 16, SB = 4 }; /* tokens per tile; KV blocks per softmax step, at most */
 
-/* the 16 scores of one query row against a block whose keys are stored transposed (kt[c *
- * 16 + j] = element c of key j; keys past the block zero): lane j = q . key j, one FMA per
- * element with the query's element broadcast, in 8 chains (c mod 8) summed at the end. No
- * horizontal sums: scoring a key row by row cost 16 FMA chains plus a 46-operation
- * transpose-and-add tree per block and row */
-static inline __m512 scores16(const float *q, const float *kt, int d) {
-  __m512 s[8];
-  for (int k = 0; k < 8; k++) s[k] = _mm512_setzero_ps();
-  for (int c = 0; c < d; c += 8) {
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) s[k] = _mm512_fmadd_ps(_mm512_set1_ps(q[c + k]), _mm512_load_ps(kt + (c + k) * 16), s[k]);
-  }
+/* the sum of a row's 8 score chains, in one fixed order */
+static inline __m512 sum8(const __m512 *s) {
   return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])),
                        _mm512_add_ps(_mm512_add_ps(s[4], s[5]), _mm512_add_ps(s[6], s[7])));
 }
 
-/* scores16 for two query rows against the same block: each key vector loaded once for both
- * rows, each row's 8 chains and sums exactly as scores16's (a row's bits do not depend on
- * whether it was paired) */
-static inline __attribute__((always_inline)) void scores16x2(const float *q0, const float *q1, const float *kt, int d,
-                                                            __m512 *r0, __m512 *r1) {
+/* the 16 scores of NR (1 or 2) query rows against a block whose keys are stored transposed
+ * (kt[c * 16 + j] = element c of key j; keys past the block zero): lane j = q . key j, one
+ * FMA per element with the query's element broadcast, in 8 chains per row (c mod 8) summed
+ * at the end. No horizontal sums: scoring a key row by row cost 16 FMA chains plus a
+ * 46-operation transpose-and-add tree per block and row. Two rows share each key vector's
+ * load; a row's chains and sums are the same either way, so its bits do not depend on
+ * whether it was paired. */
+static inline __attribute__((always_inline)) void scores_f32(const float *q0, const float *q1, const float *kt, int d,
+                                                            const int NR, __m512 *r0, __m512 *r1) {
   __m512 s[8], u[8];
   for (int k = 0; k < 8; k++) s[k] = _mm512_setzero_ps(), u[k] = _mm512_setzero_ps();
   for (int c = 0; c < d; c += 8) {
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
       __m512 kv = _mm512_load_ps(kt + (c + k) * 16);
-      __asm__("" : "+v"(kv)); /* one load for both rows: GCC otherwise folds it into each FMA */
+      if (NR == 2) __asm__("" : "+v"(kv)); /* one load for both rows: GCC otherwise folds it into each FMA */
       s[k] = _mm512_fmadd_ps(_mm512_set1_ps(q0[c + k]), kv, s[k]);
-      u[k] = _mm512_fmadd_ps(_mm512_set1_ps(q1[c + k]), kv, u[k]);
+      if (NR == 2) u[k] = _mm512_fmadd_ps(_mm512_set1_ps(q1[c + k]), kv, u[k]);
     }
   }
-  *r0 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])),
-                      _mm512_add_ps(_mm512_add_ps(s[4], s[5]), _mm512_add_ps(s[6], s[7])));
-  *r1 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(u[0], u[1]), _mm512_add_ps(u[2], u[3])),
-                      _mm512_add_ps(_mm512_add_ps(u[4], u[5]), _mm512_add_ps(u[6], u[7])));
+  *r0 = sum8(s);
+  if (NR == 2) *r1 = sum8(u);
 }
 
-/* acc (d floats) = acc * corr + sum over the first nv keys of p[j] * vb[j]; ND = d / 16
- * accumulators in registers when the width is one of the specialised ones */
-static inline __attribute__((always_inline)) void pv_n(float *acc, float corr, const float *p, const float *vb, int nv,
-                                                      const int ND) {
+/* acc (d floats) = acc * corr + sum over the first nv keys of p[j] * vb[j], for NR rows
+ * over the same keys (acc1, corr1, p1: the second's; each value vector loaded once for
+ * both, per row the same chains in the same order); ND = d / 16 accumulators per row in
+ * registers (NR 2: ND <= 8) */
+static inline __attribute__((always_inline)) void pv_f32(float *acc0, float *acc1, float corr0, float corr1,
+                                                        const float *p0, const float *p1, const float *vb, int nv,
+                                                        const int ND, const int NR) {
   /* unrolled, so that a[] lives in registers: without it GCC kept it on the stack, and
    * every key paid a store-to-load round trip per 16 lanes (perf annotate: half of the
    * attention's time; pp2048 on the 0.5B, bench/README.md) */
-  __m512 a[16];
-  const __m512 cr = _mm512_set1_ps(corr);
+  __m512 a[16], b[8];
+  const __m512 c0 = _mm512_set1_ps(corr0), c1 = _mm512_set1_ps(corr1);
 #pragma GCC unroll 16
-  for (int c = 0; c < ND; c++) a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), cr);
+  for (int c = 0; c < ND; c++) {
+    a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc0 + 16 * c), c0);
+    if (NR == 2) b[c] = _mm512_mul_ps(_mm512_loadu_ps(acc1 + 16 * c), c1);
+  }
   for (int j = 0; j < nv; j++) {
-    const __m512 pj = _mm512_set1_ps(p[j]);
+    const __m512 pa = _mm512_set1_ps(p0[j]), pb = NR == 2 ? _mm512_set1_ps(p1[j]) : pa;
 #pragma GCC unroll 16
-    for (int c = 0; c < ND; c++) a[c] = _mm512_fmadd_ps(pj, _mm512_load_ps(vb + j * 16 * ND + 16 * c), a[c]);
+    for (int c = 0; c < ND; c++) {
+      __m512 v = _mm512_load_ps(vb + j * 16 * ND + 16 * c);
+      if (NR == 2) __asm__("" : "+v"(v));
+      a[c] = _mm512_fmadd_ps(pa, v, a[c]);
+      if (NR == 2) b[c] = _mm512_fmadd_ps(pb, v, b[c]);
+    }
   }
 #pragma GCC unroll 16
-  for (int c = 0; c < ND; c++) _mm512_storeu_ps(acc + 16 * c, a[c]);
+  for (int c = 0; c < ND; c++) {
+    _mm512_storeu_ps(acc0 + 16 * c, a[c]);
+    if (NR == 2) _mm512_storeu_ps(acc1 + 16 * c, b[c]);
+  }
 }
 
 static void pv(float *acc, float corr, const float *p, const float *vb, int nv, int d) {
   switch (d) {
-  case 64: pv_n(acc, corr, p, vb, nv, 4); return;
-  case 128: pv_n(acc, corr, p, vb, nv, 8); return;
-  case 256: pv_n(acc, corr, p, vb, nv, 16); return;
+  case 64: pv_f32(acc, NULL, corr, 0, p, NULL, vb, nv, 4, 1); return;
+  case 128: pv_f32(acc, NULL, corr, 0, p, NULL, vb, nv, 8, 1); return;
+  case 256: pv_f32(acc, NULL, corr, 0, p, NULL, vb, nv, 16, 1); return;
   }
   /* other widths: one 16-lane slice at a time (same arithmetic per lane) */
   const __m512 cr = _mm512_set1_ps(corr);
@@ -104,30 +110,6 @@ static void pv(float *acc, float corr, const float *p, const float *vb, int nv, 
     for (int j = 0; j < nv; j++) a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_load_ps(vb + j * d + c), a);
     _mm512_storeu_ps(acc + c, a);
   }
-}
-
-/* pv_n for two rows over the same nv keys (acc0, acc1; their corrections and weights):
- * each value vector loaded once for both; per row the same chains in the same order */
-static inline __attribute__((always_inline)) void pv2_n(float *acc0, float *acc1, float corr0, float corr1,
-                                                       const float *p0, const float *p1, const float *vb, int nv,
-                                                       const int ND) {
-  __m512 a[8], b[8];
-  const __m512 c0 = _mm512_set1_ps(corr0), c1 = _mm512_set1_ps(corr1);
-#pragma GCC unroll 8
-  for (int c = 0; c < ND; c++)
-    a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc0 + 16 * c), c0), b[c] = _mm512_mul_ps(_mm512_loadu_ps(acc1 + 16 * c), c1);
-  for (int j = 0; j < nv; j++) {
-    const __m512 pa = _mm512_set1_ps(p0[j]), pb = _mm512_set1_ps(p1[j]);
-#pragma GCC unroll 8
-    for (int c = 0; c < ND; c++) {
-      __m512 v = _mm512_load_ps(vb + j * 16 * ND + 16 * c);
-      __asm__("" : "+v"(v));
-      a[c] = _mm512_fmadd_ps(pa, v, a[c]);
-      b[c] = _mm512_fmadd_ps(pb, v, b[c]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int c = 0; c < ND; c++) _mm512_storeu_ps(acc0 + 16 * c, a[c]), _mm512_storeu_ps(acc1 + 16 * c, b[c]);
 }
 
 /* nj rows of one KV head of a block, widened to fp32 (bf16 is the top half of an fp32);
@@ -148,7 +130,7 @@ static void widen(const struct kvl_kv_layout *l, const void *src, int kh, int nj
   }
 }
 
-/* the same, transposed for scores16: dst[c * 16 + j] = element c of key j, keys nj..15
+/* the same, transposed for scores_f32: dst[c * 16 + j] = element c of key j, keys nj..15
  * zero; 16 x 16 tiles through registers */
 static void widen_t(const struct kvl_kv_layout *l, const void *src, int kh, int nj, float *dst) {
   const int d = l->head_dim, kvw = l->n_kv_head * d;
@@ -252,7 +234,7 @@ BF16 static void query_pairs(const float *q, int d, uint32_t *dst) {
     _mm512_storeu_si512(dst + c / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + c + 16), _mm512_loadu_ps(q + c)));
 }
 
-/* scores16 on bf16 pairs for NR (1 or 2) rows against one block (keys_pairs' layout): 8
+/* scores_f32 on bf16 pairs for NR (1 or 2) rows against one block (keys_pairs' layout): 8
  * chains per row (pair c mod 8), each key vector loaded once for both rows */
 BF16 static inline __attribute__((always_inline)) void scores_bf(const uint32_t *q0, const uint32_t *q1,
                                                                 const uint32_t *kt, int d, const int NR, __m512 *r0,
@@ -268,11 +250,8 @@ BF16 static inline __attribute__((always_inline)) void scores_bf(const uint32_t 
       if (NR == 2) u[k] = _mm512_dpbf16_ps(u[k], (__m512bh)_mm512_set1_epi32((int)q1[c + k]), (__m512bh)kv);
     }
   }
-  *r0 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])),
-                      _mm512_add_ps(_mm512_add_ps(s[4], s[5]), _mm512_add_ps(s[6], s[7])));
-  if (NR == 2)
-    *r1 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(u[0], u[1]), _mm512_add_ps(u[2], u[3])),
-                        _mm512_add_ps(_mm512_add_ps(u[4], u[5]), _mm512_add_ps(u[6], u[7])));
+  *r0 = sum8(s);
+  if (NR == 2) *r1 = sum8(u);
 }
 
 /* the softmax weights of nb blocks (f32, zero past the visible keys) as bf16 */
@@ -281,7 +260,7 @@ BF16 static inline void weights_bf(const float *p, int nb, uint16_t *pb) {
     _mm256_store_si256((__m256i *)(pb + 16 * b), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(p + 16 * b)));
 }
 
-/* pv_n on bf16 pairs for NR rows: acc = acc * corr + the first nv keys' weights (pb, bf16)
+/* pv_f32 on bf16 pairs for NR rows: acc = acc * corr + the first nv keys' weights (pb, bf16)
  * times their values (values_pairs' layout: key pair p's ND = d / 16 vectors), a pair of
  * keys per vdpbf16ps; acc in values_pairs' lane order (out_bf puts it back) */
 BF16 static inline __attribute__((always_inline)) void pv_bf(float *acc0, float *acc1, float corr0, float corr1,
@@ -441,17 +420,18 @@ void kvl__attention_avx512(const struct kvl_attn_args *a, bool bf16) {
           if (i + 1 < R && (d == 64 || d == 128) && visible(a, t0 + (i + 1) / group, j0, nk) == nv) {
             const float *q1 = a->q + ((size_t)(t0 + (i + 1) / group) * a->n_head + kh * group + (i + 1) % group) * d;
             __m512 sc1[SB];
-            for (int b = 0; b < nb; b++) scores16x2(q, q1, kb + (size_t)b * KVL_KV_BLOCK * d, d, &sc[b], &sc1[b]);
+            for (int b = 0; b < nb; b++) scores_f32(q, q1, kb + (size_t)b * KVL_KV_BLOCK * d, d, 2, &sc[b], &sc1[b]);
             float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
             float pj1[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
             const float corr = softmax_step(sc, nb, nv, a->scale, &m[i], &lsum[i], pj);
             const float corr1 = softmax_step(sc1, nb, nv, a->scale, &m[i + 1], &lsum[i + 1], pj1);
-            if (d == 64) pv2_n(acc + (size_t)i * d, acc + (size_t)(i + 1) * d, corr, corr1, pj, pj1, vb, nv, 4);
-            else pv2_n(acc + (size_t)i * d, acc + (size_t)(i + 1) * d, corr, corr1, pj, pj1, vb, nv, 8);
+            float *a0 = acc + (size_t)i * d, *a1 = a0 + d;
+            if (d == 64) pv_f32(a0, a1, corr, corr1, pj, pj1, vb, nv, 4, 2);
+            else pv_f32(a0, a1, corr, corr1, pj, pj1, vb, nv, 8, 2);
             i += 2;
             continue;
           }
-          for (int b = 0; b < nb; b++) sc[b] = scores16(q, kb + (size_t)b * KVL_KV_BLOCK * d, d);
+          for (int b = 0; b < nb; b++) scores_f32(q, NULL, kb + (size_t)b * KVL_KV_BLOCK * d, d, 1, &sc[b], NULL);
           float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
           const float corr = softmax_step(sc, nb, nv, a->scale, &m[i], &lsum[i], pj);
           pv(acc + (size_t)i * d, corr, pj, vb, nv, d);
