@@ -363,8 +363,9 @@ void kvl__attention_avx512(const struct kvl_attn_args *a, bool bf16) {
   /* KV blocks per softmax step: 4 for heads of 64 (0.5B pp2048 +6 %), 1 for wider ones
    * (1.5B, heads of 128: pp512 -4 % with 4; back-to-back runs on a Zen 5). With the bf16
    * products 4 for both: on a Zen 4, in turn, the 1.5B's pp64@d4096 101 -> 107-108
-   * tokens/s, pp2048 163-170 -> 172-175, test-backend-ops --perf's attention turn (32
-   * tokens after 8192) 199 -> 158-184 ms; pp512 171-184 either way (the host's noise) */
+   * tokens/s, pp2048 163-170 -> 172-175, pp512 171-184 either way (the host's noise;
+   * bench-prefill-decode -m <1.5B> -p 64 -d 4096 -n 0 -r 3, and -p 512,2048 -n 0 -r 3),
+   * test-backend-ops --perf's attention turn (32 tokens after 8192) 199 -> 158-184 ms */
   const bool bf = bf16 && l->dtype == KVL_KV_BF16 && (d == 64 || d == 128);
   const int sb = d <= 64 || bf ? SB : 1;
 #pragma omp parallel
