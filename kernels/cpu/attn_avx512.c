@@ -309,7 +309,7 @@ bool kvl__attention_avx512_fits(const struct kvl_attn_args *a) {
   return d % 16 == 0 && d <= 256 && a->n_head % a->kv->n_kv_head == 0;
 }
 
-/* the bf16 path's query rows of a tile, its weights and its step */
+/* the bf16 path's query rows of a tile */
 BF16 static void tile_queries_bf(const struct kvl_attn_args *a, int t0, int R, int group, int kh, uint32_t *q2) {
   const int d = a->kv->head_dim;
   for (int i = 0; i < R; i++) {
@@ -318,40 +318,89 @@ BF16 static void tile_queries_bf(const struct kvl_attn_args *a, int t0, int R, i
   }
 }
 
-BF16 static void step_bf(const struct kvl_attn_args *a, int t0, int R, int group, int j0, int nk, const uint32_t *q2,
-                         const uint32_t *kt, const uint32_t *vp, float *acc, float *m, float *lsum) {
-  const int d = a->kv->head_dim, h2 = d / 2;
-  for (int i = 0; i < R;) {
-    const int nv = visible(a, t0 + i / group, j0, nk);
+/* A softmax step of a tile: its keys and values (kb, vb: widened, or bf16 pairs), the
+ * tile's rows and their running state. Passed by value: through a pointer, every store
+ * to acc (-fno-strict-aliasing) made the compiler reload the fields, and 16 decode
+ * streams' attention ran ~15 % slower */
+struct step {
+  const struct kvl_attn_args *a;
+  int t0, R, group, kh, j0, nk;
+  const void *kb, *vb;
+  const uint32_t *q2; /* bf16 path: the tile's queries */
+  float *acc, *m, *lsum;
+};
+
+/* row i (NR 1) or rows i, i + 1 (NR 2, heads of 64 or 128), seeing the step's first nv keys:
+ * scores, online softmax, weighted values, in fp32 */
+static inline __attribute__((always_inline)) void rows_f32(const struct step st, int i, int nv, const int NR) {
+  const struct kvl_attn_args *a = st.a;
+  const int d = a->kv->head_dim, nb = (nv + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK, g = st.group;
+  const float *kb = st.kb, *vb = st.vb;
+  const float *q0 = a->q + ((size_t)(st.t0 + i / g) * a->n_head + st.kh * g + i % g) * d;
+  const float *q1 = NR == 2 ? a->q + ((size_t)(st.t0 + (i + 1) / g) * a->n_head + st.kh * g + (i + 1) % g) * d : NULL;
+  __m512 sc[SB], sc1[SB];
+  float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64))), pj1[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
+  for (int b = 0; b < nb; b++) scores_f32(q0, q1, kb + (size_t)b * KVL_KV_BLOCK * d, d, NR, &sc[b], &sc1[b]);
+  const float corr = softmax_step(sc, nb, nv, a->scale, &st.m[i], &st.lsum[i], pj);
+  float *a0 = st.acc + (size_t)i * d;
+  if (NR == 1) {
+    pv(a0, corr, pj, vb, nv, d);
+    return;
+  }
+  const float corr1 = softmax_step(sc1, nb, nv, a->scale, &st.m[i + 1], &st.lsum[i + 1], pj1);
+  if (d == 64) pv_f32(a0, a0 + d, corr, corr1, pj, pj1, vb, nv, 4, 2);
+  else pv_f32(a0, a0 + d, corr, corr1, pj, pj1, vb, nv, 8, 2);
+}
+
+/* the same with bf16 products */
+BF16 static inline __attribute__((always_inline)) void rows_bf_n(const struct step st, int i, int nv, const int NR) {
+  const int d = st.a->kv->head_dim, h2 = d / 2, nb = (nv + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK;
+  const uint32_t *kt = st.kb, *vp = st.vb, *qa = st.q2 + (size_t)i * h2, *qb = qa + h2;
+  __m512 sc[SB], sc1[SB];
+  float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64))), pj1[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
+  uint16_t pb[SB * KVL_KV_BLOCK] __attribute__((aligned(64))), pb1[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
+  for (int b = 0; b < nb; b++) scores_bf(qa, qb, kt + (size_t)b * KVL_KV_BLOCK * h2, d, NR, &sc[b], &sc1[b]);
+  const float corr = softmax_step(sc, nb, nv, st.a->scale, &st.m[i], &st.lsum[i], pj);
+  float corr1 = 0;
+  weights_bf(pj, nb, pb);
+  if (NR == 2) {
+    corr1 = softmax_step(sc1, nb, nv, st.a->scale, &st.m[i + 1], &st.lsum[i + 1], pj1);
+    weights_bf(pj1, nb, pb1);
+  }
+  float *a0 = st.acc + (size_t)i * d;
+  if (d == 64) pv_bf(a0, a0 + d, corr, corr1, pb, pb1, vp, nv, 4, NR);
+  else pv_bf(a0, a0 + d, corr, corr1, pb, pb1, vp, nv, 8, NR);
+}
+
+/* rows_bf_n for one or two rows: not always_inline, since a function of another target
+ * may not inline it even where the call is dead (step_f32's step_rows); step_bf inlines
+ * it (flatten) */
+BF16 static void rows_bf(const struct step st, int i, int nv, int NR) {
+  if (NR == 2) rows_bf_n(st, i, nv, 2);
+  else rows_bf_n(st, i, nv, 1);
+}
+
+/* The tile's rows over one step: in pairs where both see the same keys (every step but a
+ * tile's causal edge) on heads of 64 or 128, each key and value vector loaded once for
+ * two rows; one path's row work (bf: a compile-time constant) */
+static inline __attribute__((always_inline)) void step_rows(const struct step st, const bool bf) {
+  const int d = st.a->kv->head_dim;
+  for (int i = 0; i < st.R;) {
+    const int nv = visible(st.a, st.t0 + i / st.group, st.j0, st.nk);
     if (nv <= 0) {
       i++;
       continue;
     }
-    const int nb = (nv + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK;
-    __m512 sc[SB], sc1[SB];
-    float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64))), pj1[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
-    uint16_t pb[SB * KVL_KV_BLOCK] __attribute__((aligned(64))), pb1[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
-    const uint32_t *qa = q2 + (size_t)i * h2, *qb = qa + h2;
-    if (i + 1 < R && visible(a, t0 + (i + 1) / group, j0, nk) == nv) {
-      for (int b = 0; b < nb; b++) scores_bf(qa, qb, kt + (size_t)b * KVL_KV_BLOCK * h2, d, 2, &sc[b], &sc1[b]);
-      const float corr = softmax_step(sc, nb, nv, a->scale, &m[i], &lsum[i], pj);
-      const float corr1 = softmax_step(sc1, nb, nv, a->scale, &m[i + 1], &lsum[i + 1], pj1);
-      weights_bf(pj, nb, pb);
-      weights_bf(pj1, nb, pb1);
-      float *a0 = acc + (size_t)i * d, *a1 = a0 + d;
-      if (d == 64) pv_bf(a0, a1, corr, corr1, pb, pb1, vp, nv, 4, 2);
-      else pv_bf(a0, a1, corr, corr1, pb, pb1, vp, nv, 8, 2);
-      i += 2;
-      continue;
-    }
-    for (int b = 0; b < nb; b++) scores_bf(qa, NULL, kt + (size_t)b * KVL_KV_BLOCK * h2, d, 1, &sc[b], NULL);
-    const float corr = softmax_step(sc, nb, nv, a->scale, &m[i], &lsum[i], pj);
-    weights_bf(pj, nb, pb);
-    if (d == 64) pv_bf(acc + (size_t)i * d, NULL, corr, 0, pb, NULL, vp, nv, 4, 1);
-    else pv_bf(acc + (size_t)i * d, NULL, corr, 0, pb, NULL, vp, nv, 8, 1);
-    i++;
+    const bool pair = i + 1 < st.R && (d == 64 || d == 128) &&
+                      visible(st.a, st.t0 + (i + 1) / st.group, st.j0, st.nk) == nv;
+    if (bf) rows_bf(st, i, nv, pair ? 2 : 1);
+    else pair ? rows_f32(st, i, nv, 2) : rows_f32(st, i, nv, 1);
+    i += pair ? 2 : 1;
   }
 }
+
+BF16 __attribute__((flatten)) static void step_bf(const struct step st) { step_rows(st, true); }
+static void step_f32(const struct step st) { step_rows(st, false); }
 
 void kvl__attention_avx512(const struct kvl_attn_args *a, bool bf16) {
   const struct kvl_kv_layout *l = a->kv;
@@ -403,41 +452,9 @@ void kvl__attention_avx512(const struct kvl_attn_args *a, bool bf16) {
           widen(l, vs, kh, nj, vbb);
         }
         kvl__attn_prefetch(a, bt, j0 + sb * KVL_KV_BLOCK, sb, kh, last);
-        if (bf) {
-          step_bf(a, t0, R, group, j0, nk, q2, (const uint32_t *)kb, (const uint32_t *)vb, acc, m, lsum);
-          continue;
-        }
-        /* rows in pairs where both see the same keys (every step but a tile's causal edge),
-         * on heads of 64 or 128: each key and value vector loaded once for two rows */
-        for (int i = 0; i < R;) {
-          const int nv = visible(a, t0 + i / group, j0, nk);
-          if (nv <= 0) {
-            i++;
-            continue;
-          }
-          const float *q = a->q + ((size_t)(t0 + i / group) * a->n_head + kh * group + i % group) * d;
-          const int nb = (nv + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK;
-          __m512 sc[SB];
-          if (i + 1 < R && (d == 64 || d == 128) && visible(a, t0 + (i + 1) / group, j0, nk) == nv) {
-            const float *q1 = a->q + ((size_t)(t0 + (i + 1) / group) * a->n_head + kh * group + (i + 1) % group) * d;
-            __m512 sc1[SB];
-            for (int b = 0; b < nb; b++) scores_f32(q, q1, kb + (size_t)b * KVL_KV_BLOCK * d, d, 2, &sc[b], &sc1[b]);
-            float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
-            float pj1[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
-            const float corr = softmax_step(sc, nb, nv, a->scale, &m[i], &lsum[i], pj);
-            const float corr1 = softmax_step(sc1, nb, nv, a->scale, &m[i + 1], &lsum[i + 1], pj1);
-            float *a0 = acc + (size_t)i * d, *a1 = a0 + d;
-            if (d == 64) pv_f32(a0, a1, corr, corr1, pj, pj1, vb, nv, 4, 2);
-            else pv_f32(a0, a1, corr, corr1, pj, pj1, vb, nv, 8, 2);
-            i += 2;
-            continue;
-          }
-          for (int b = 0; b < nb; b++) scores_f32(q, NULL, kb + (size_t)b * KVL_KV_BLOCK * d, d, 1, &sc[b], NULL);
-          float pj[SB * KVL_KV_BLOCK] __attribute__((aligned(64)));
-          const float corr = softmax_step(sc, nb, nv, a->scale, &m[i], &lsum[i], pj);
-          pv(acc + (size_t)i * d, corr, pj, vb, nv, d);
-          i++;
-        }
+        const struct step st = {a, t0, R, group, kh, j0, nk, kb, vb, q2, acc, m, lsum};
+        if (bf) step_bf(st);
+        else step_f32(st);
       }
       for (int i = 0; i < R; i++) {
         const int t = t0 + i / group, h = kh * group + i % group;
