@@ -49,8 +49,8 @@ int main(void) {
   TIME(base, DP16);
   printf("16 vpdpbusd alone            %6.3f ns per iteration\n", base);
   static const char *names[] = {"vmulps", "vfmadd231ps", "vpmulld", "vpmaddwd", "vcvtdq2ps", "vaddps",
-                                "vpaddd", "vpslld $3 (shift)"};
-  for (int i = 0; i < 8; i++) {
+                                "vpaddd", "vpslld $3 (shift)", "vpsllvd (shift by lane)"};
+  for (int i = 0; i < 9; i++) {
     switch (i) {
     case 0: TIME(t, DP16 X4("vmulps")); break;
     case 1: TIME(t, DP16 X4("vfmadd231ps")); break;
@@ -62,9 +62,11 @@ int main(void) {
       break;
     case 5: TIME(t, DP16 X4("vaddps")); break;
     case 6: TIME(t, DP16 X4("vpaddd")); break;
-    default:
+    case 7:
       TIME(t, DP16 "vpslld $3, %%zmm23, %%zmm8\n vpslld $3, %%zmm23, %%zmm9\n vpslld $3, %%zmm23, %%zmm10\n"
               "vpslld $3, %%zmm23, %%zmm11\n");
+      break;
+    default: TIME(t, DP16 X4("vpsllvd"));
     }
     printf("  + 4 %-22s %6.3f ns  (x%.3f: %s)\n", names[i], t, t / base,
            t / base > 1.1 ? "shares vpdpbusd's pipes" : "free");
