@@ -83,18 +83,6 @@ const void *kvl__decode_copy(const struct kvl_weight *w, uint32_t *type, size_t 
 /* the bytes of every repacked copy in the process (kvl_wpack_total_bytes), +/- delta */
 void kvl__wpack_count(long long delta);
 void kvl__q8_act(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
-/* The same layout with every block scale of a token its largest one, D, over a power of
- * two: d = D / 2^e, 0 <= e <= KVL__Q8_P2_SHIFT, the finest such d not below the block's
- * own max|x| / 127 (so each block's step is at most twice kvl__q8_act's; a zero block
- * takes D / 2^KVL__Q8_P2_SHIFT). The AVX-512 tokens-in-lanes kernel needs it for Q4_K:
- * there a group's integer sum is shifted left by KVL__Q8_P2_SHIFT - e instead of
- * multiplied by its scale, and D / 2^KVL__Q8_P2_SHIFT multiplies once per row (the shift
- * is on pipes the products do not use). Every other int8 kernel takes these scales as
- * any others. */
-void kvl__q8_act_p2(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
-/* 10: a shifted sum stays within int32 for every format (Q8_0's 32 x 128 x 127 < 2^19,
- * and Q4_K's high nibbles times 16 in the direct kernel < 2^20) */
-enum { KVL__Q8_P2_SHIFT = 10 };
 int kvl__qdot_avx512vnni(uint32_t type, const void *w, int64_t K, const int8_t *xq, const float *xd,
                          const int32_t *xs, int n_tokens, float *out);
 /* One token, with its codes also in the order the format's kernel reads them
@@ -218,9 +206,6 @@ struct kvl_backend {
   int (*qmatmul)(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                  const float *xd, const int32_t *xs, int n_tokens, const float *bias, float *y);
   int qmatmul_min_t;
-  /* the quantiser of qmatmul's activations on Q4_K weights where it needs another than
-   * q8_act (NULL: q8_act; the AVX-512 lanes kernel: kvl__q8_act_p2) */
-  void (*qmatmul_act_q4_k)(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16);
   /* CPU backend: one-token products as fp32 dot products, each row dequantised and dotted
    * along k (the sink twin of the int8 levels, kvl_backend_fp32: the attention sink's rows
    * are computed one per product, so no batch has to match their bits) */

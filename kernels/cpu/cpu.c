@@ -63,16 +63,16 @@ static bool qdot_type(uint32_t t) {
  * weight rows with VNNI dot products. */
 /* The activations of n_tokens rows of K to int8 per 32 (codes, scales, sums of 16: the
  * layout kvl__q8_act documents), in three new arrays the caller frees. */
-static void q8_acts(void (*q8_act)(const float *, int64_t, int8_t *, float *, int32_t *), const float *x, int64_t K,
-                    int n_tokens, int8_t **xq, float **xd, int32_t **xs) {
-  KVL_ASSERT(q8_act);
+static void q8_acts(const kvl_backend_t *be, const float *x, int64_t K, int n_tokens, int8_t **xq, float **xd,
+                    int32_t **xs) {
+  KVL_ASSERT(be->q8_act);
   *xq = malloc((size_t)n_tokens * (size_t)K);
   *xd = malloc((size_t)n_tokens * (size_t)(K / 32) * sizeof(float));
   *xs = malloc((size_t)n_tokens * (size_t)(K / 16) * sizeof(int32_t));
   KVL_ASSERT(*xq && *xd && *xs);
 #pragma omp parallel for schedule(static) if (n_tokens > 16)
   for (int t = 0; t < n_tokens; t++)
-    q8_act(x + (int64_t)t * K, K, *xq + (int64_t)t * K, *xd + (int64_t)t * (K / 32), *xs + (int64_t)t * (K / 16));
+    be->q8_act(x + (int64_t)t * K, K, *xq + (int64_t)t * K, *xd + (int64_t)t * (K / 32), *xs + (int64_t)t * (K / 16));
 }
 
 void kvl__q4_k_act_factors(const float *xd, const int32_t *xs, int64_t K, float *xf) {
@@ -233,7 +233,7 @@ static void qdot_matmul(kvl_backend_t *be, const struct kvl_weight *w, const flo
   int8_t *xq;
   float *xd;
   int32_t *xs;
-  q8_acts(be->q8_act, x, K, n_tokens, &xq, &xd, &xs);
+  q8_acts(be, x, K, n_tokens, &xq, &xd, &xs);
   /* up to KVL__QDOT1_MAX_T tokens: each token's codes also in the order the format's
    * single-token kernel reads them (kvl__qdot1_*), and that kernel once per token on a row
    * while it is in L1. On a Zen 5 two tokens cost 0.37 ms through the several-token kernel
@@ -412,8 +412,7 @@ static int qmatmul_call(kvl_backend_t *be, const struct kvl_weight *w, const flo
   int8_t *xq;
   float *xd;
   int32_t *xs;
-  q8_acts(w->type == KVL_TYPE_Q4_K && be->qmatmul_act_q4_k ? be->qmatmul_act_q4_k : be->q8_act, x, K, n_tokens, &xq,
-          &xd, &xs);
+  q8_acts(be, x, K, n_tokens, &xq, &xd, &xs);
   int rc = be->qmatmul(w->type, w->data, kvl_row_size(w->type, (uint64_t)K), N, K, xq, xd, xs, n_tokens, w->bias, y);
   free(xq);
   free(xd);
@@ -746,11 +745,10 @@ static kvl_backend_t be_avx512vnni = {.name = "cpu-avx512-vnni", .ops = &cpu_ops
  * Sapphire Rapids). */
 static kvl_backend_t be_avx512vnnimm = {.name = "cpu-avx512-vnni-mm", .ops = &cpu_ops, .simd = &kvl__simd_avx512,
                                         VNNI_DECODE, .qmatmul = kvl__qmatmul_avx512vnni, .qmatmul_min_t = 7,
-                                        .qmatmul_act_q4_k = kvl__q8_act_p2, .decode_copies = true};
+                                        .decode_copies = true};
 static kvl_backend_t be_avx512vnnimm_exact = {.name = "cpu-avx512-vnni-mm-prefill", .ops = &cpu_ops,
                                               .simd = &kvl__simd_avx512, .q8_act = kvl__q8_act,
-                                              .qmatmul = kvl__qmatmul_avx512vnni, .qmatmul_min_t = 1,
-                                              .qmatmul_act_q4_k = kvl__q8_act_p2};
+                                              .qmatmul = kvl__qmatmul_avx512vnni, .qmatmul_min_t = 1};
 /* AMX int8 tiles for decode batches of 4 or more tokens on the four int8 formats (the
  * VNNI kernels below that: a tile product costs the same for 1 and 16 tokens, and at 4
  * both cost the same); its exact twin (prefill chunks; the attention sink's rows go to

@@ -22,51 +22,18 @@
 #include "kvl_error.h"
 
 
-static inline float block_amax(const float *x) {
-  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x)), _mm512_abs_ps(_mm512_loadu_ps(x + 16))));
-}
-
-/* 32 elements to codes round(x * id) (saturated to int8) and their two sums of 16 */
-static inline void block_codes(const float *x, float id, int8_t *q, int32_t *s16) {
-  const __m512 s = _mm512_set1_ps(id);
-  const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), s));
-  const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), s));
-  _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(i0));
-  _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(i1));
-  s16[0] = _mm512_reduce_add_epi32(i0);
-  s16[1] = _mm512_reduce_add_epi32(i1);
-}
-
 void kvl__q8_act(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16) {
   for (int64_t b = 0; b < K / 32; b++) {
-    const float amax = block_amax(x + 32 * b);
-    d[b] = amax / 127.0f;
-    block_codes(x + 32 * b, amax > 0 ? 127.0f / amax : 0.0f, q + 32 * b, s16 + 2 * b);
-  }
-}
-
-void kvl__q8_act_p2(const float *x, int64_t K, int8_t *q, float *d, int32_t *s16) {
-  float top = 0; /* the token's largest block scale, D */
-  for (int64_t b = 0; b < K / 32; b++) d[b] = block_amax(x + 32 * b) / 127.0f, top = d[b] > top ? d[b] : top;
-  uint32_t tb;
-  memcpy(&tb, &top, 4);
-  for (int64_t b = 0; b < K / 32; b++) {
-    /* the finest D / 2^e (e <= KVL__Q8_P2_SHIFT) not below the block's own scale: e is
-     * the exponents' difference, less one where D's significand is the smaller; at most
-     * twice as coarse; a zero block takes the finest. By the bits: ldexpf per block cost
-     * more than the codes. */
-    int e = KVL__Q8_P2_SHIFT;
-    if (d[b] > 0) {
-      uint32_t db;
-      memcpy(&db, &d[b], 4);
-      e = (int)(tb >> 23) - (int)(db >> 23) - ((tb & 0x7fffff) < (db & 0x7fffff));
-      e = e < KVL__Q8_P2_SHIFT ? e : KVL__Q8_P2_SHIFT;
-    }
-    if ((int)(tb >> 23) > e) { /* D / 2^e a normal number: its exponent less e */
-      const uint32_t r = tb - ((uint32_t)e << 23);
-      memcpy(&d[b], &r, 4);
-    } else d[b] = ldexpf(top, -e);
-    block_codes(x + 32 * b, d[b] > 0 ? 1.0f / d[b] : 0.0f, q + 32 * b, s16 + 2 * b);
+    __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    float db = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+    d[b] = db;
+    __m512 s = _mm512_set1_ps(id);
+    __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, s)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, s));
+    _mm_storeu_si128((__m128i *)(q + 32 * b), _mm512_cvtsepi32_epi8(i0));
+    _mm_storeu_si128((__m128i *)(q + 32 * b + 16), _mm512_cvtsepi32_epi8(i1));
+    s16[2 * b] = _mm512_reduce_add_epi32(i0);
+    s16[2 * b + 1] = _mm512_reduce_add_epi32(i1);
   }
 }
 

@@ -124,5 +124,5 @@ static void store_4(const float *v, const float *b, float *y, int64_t N) {
 
 int kvl__qmatmul_avx2(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                       const float *xd, const int32_t *xs, int T, const float *bias, float *y) {
-  return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, RB, false, false, run, NULL, NULL, store_4);
+  return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, RB, false, run, NULL, NULL, store_4);
 }

@@ -38,7 +38,7 @@ static inline __attribute__((always_inline)) void block_pairs16(const uint8_t *A
                                                                const int32_t *XS0, const int RB, const int H,
                                                                const int OFF, const char *pf, int64_t pf_lines,
                                                                __m512 *acc) {
-  const int64_t pf_per = kvl__lanes_pf_per(pf_lines, ng / 2), FS = kvl__lanes_fsz(K, TG);
+  const int64_t pf_per = kvl__lanes_pf_per(pf_lines, ng / 2);
   for (int64_t g = 0; g < ng; g += 2) {
     kvl__lanes_prefetch(pf, pf_lines, g / 2, pf_per);
     __m512i s[16]; /* s[(r * H + h) * 2 + c]: row r, token group h, group g + c */
@@ -46,7 +46,7 @@ static inline __attribute__((always_inline)) void block_pairs16(const uint8_t *A
     for (int h = 0; h < H; h++)
 #pragma GCC unroll 2
       for (int c = 0; c < 2; c++) {
-        const int32_t *xs = XS0 + h * FS + (g + c) * TG;
+        const int32_t *xs = XS0 + h * (K / 16) * TG + (g + c) * TG;
         const __m512i s0 = _mm512_mullo_epi32(_mm512_load_si512((const void *)xs), _mm512_set1_epi32(-OFF));
 #pragma GCC unroll 4
         for (int r = 0; r < RB; r++) s[(r * H + h) * 2 + c] = s0;
@@ -71,7 +71,7 @@ static inline __attribute__((always_inline)) void block_pairs16(const uint8_t *A
     }
 #pragma GCC unroll 2
     for (int h = 0; h < H; h++) {
-      const __m512 xd = _mm512_load_ps(XD0 + h * FS + g * TG);
+      const __m512 xd = _mm512_load_ps(XD0 + h * (K / 16) * TG + g * TG);
 #pragma GCC unroll 4
       for (int r = 0; r < RB; r++) {
         __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s[(r * H + h) * 2]), _mm512_set1_ps(ws[r * ng + g]));
@@ -96,10 +96,10 @@ static inline __attribute__((always_inline)) void block_pairs16(const uint8_t *A
 static inline __attribute__((always_inline)) void block_more(const uint8_t *A, int64_t K, const float *ws, const float *go,
                                                             int64_t ng, const int8_t *Bj, const float *XDj,
                                                             const float *CBj, const int32_t *XSj, const int SB,
-                                                            const int RB, const int OFF, const bool P2, const char *pf,
+                                                            const int RB, const int OFF, const char *pf,
                                                             int64_t pf_lines, __m512 *acc) {
   if (SB == 16) {
-    block_pairs16(A, K, ws, ng, Bj, XDj, XSj, RB, 1, OFF, pf, pf_lines, acc); /* never P2 */
+    block_pairs16(A, K, ws, ng, Bj, XDj, XSj, RB, 1, OFF, pf, pf_lines, acc);
     return;
   }
   const int64_t pf_per = kvl__lanes_pf_per(pf_lines, ng);
@@ -127,10 +127,8 @@ static inline __attribute__((always_inline)) void block_more(const uint8_t *A, i
     const __m512 xd = _mm512_load_ps(XDj + gi * TG), cb = _mm512_load_ps(CBj + gi * TG);
 #pragma GCC unroll 8
     for (int r = 0; r < RB; r++) {
-      const __m512i si = _mm512_add_epi32(s32[r], s32b[r]);
-      acc[r] = P2 ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sllv_epi32(si, _mm512_castps_si512(xd))),
-                                    _mm512_set1_ps(ws[r * ng + g]), acc[r])
-                  : _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(_mm512_set1_ps(ws[r * ng + g]), xd), acc[r]);
+      const __m512 sf = _mm512_cvtepi32_ps(_mm512_add_epi32(s32[r], s32b[r]));
+      acc[r] = _mm512_fmadd_ps(sf, _mm512_mul_ps(_mm512_set1_ps(ws[r * ng + g]), xd), acc[r]);
       if (!OFF) acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(go[r * ng + g]), cb, acc[r]);
     }
   }
@@ -139,10 +137,10 @@ static inline __attribute__((always_inline)) void block_more(const uint8_t *A, i
 static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_t K, const float *ws, const float *go,
                                                        int64_t ng, const int8_t *Bj, const float *XDj,
                                                        const float *CBj, const int32_t *XSj, const int SB,
-                                                       const int RB, const int OFF, const bool P2, const char *pf,
-                                                       int64_t pf_lines, __m512 *acc) {
+                                                       const int RB, const int OFF, const char *pf, int64_t pf_lines,
+                                                       __m512 *acc) {
   for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
-  block_more(A, K, ws, go, ng, Bj, XDj, CBj, XSj, SB, RB, OFF, P2, pf, pf_lines, acc);
+  block_more(A, K, ws, go, ng, Bj, XDj, CBj, XSj, SB, RB, OFF, pf, pf_lines, acc);
 }
 
 /* The rows of a block against two groups of 16 tokens at once (the second group's
@@ -155,16 +153,15 @@ static inline __attribute__((always_inline)) void block(const uint8_t *A, int64_
 static inline __attribute__((always_inline)) void block2_more(const uint8_t *A, int64_t K, const float *ws,
                                                              const float *go, int64_t ng, const int8_t *B0,
                                                              const float *XD0, const float *CB0, const int32_t *XS0,
-                                                             const int SB, const int RB, const int OFF, const bool P2,
-                                                             const char *pf, int64_t pf_lines, __m512 *acc) {
+                                                             const int SB, const int RB, const int OFF, const char *pf,
+                                                             int64_t pf_lines, __m512 *acc) {
   if (SB == 16) {
     block_pairs16(A, K, ws, ng, B0, XD0, XS0, RB, 2, OFF, pf, pf_lines, acc);
     return;
   }
   const int8_t *Bh[2] = {B0, B0 + K * TG};
-  const int64_t FS = kvl__lanes_fsz(K, TG);
-  const float *XDh[2] = {XD0, XD0 + FS}, *CBh[2] = {CB0, CB0 + FS};
-  const int32_t *XSh[2] = {XS0, XS0 + FS};
+  const float *XDh[2] = {XD0, XD0 + (K / 16) * TG}, *CBh[2] = {CB0, CB0 + (K / 16) * TG};
+  const int32_t *XSh[2] = {XS0, XS0 + (K / 16) * TG};
   const int64_t pf_per = kvl__lanes_pf_per(pf_lines, ng);
   for (int64_t g = 0; g < ng; g++) {
     kvl__lanes_prefetch(pf, pf_lines, g, pf_per);
@@ -196,23 +193,10 @@ static inline __attribute__((always_inline)) void block2_more(const uint8_t *A, 
 #pragma GCC unroll 8
       for (int r = 0; r < RB; r++) {
         __m512 *a = acc + h * RB + r;
-        *a = P2 ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sllv_epi32(s[h][r], _mm512_castps_si512(xd))),
-                                  _mm512_set1_ps(ws[r * ng + g]), *a)
-                : _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[h][r]), _mm512_mul_ps(_mm512_set1_ps(ws[r * ng + g]), xd), *a);
+        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[h][r]), _mm512_mul_ps(_mm512_set1_ps(ws[r * ng + g]), xd), *a);
         if (!OFF) *a = _mm512_fnmadd_ps(_mm512_set1_ps(go[r * ng + g]), cb, *a);
       }
     }
-  }
-}
-
-/* The sums of H token groups in D / 2^KVL__Q8_P2_SHIFT units (the shifts above) times
- * that, per token, to v (acc[h * RB + r]: row r, group h) */
-static inline __attribute__((always_inline)) void finish(const float *XD, int64_t K, const int RB, const int H,
-                                                        const bool P2, const __m512 *acc, float *v) {
-  for (int h = 0; h < H; h++) {
-    const __m512 df = P2 ? _mm512_load_ps(XD + h * kvl__lanes_fsz(K, TG) + (K / 16) * TG) : _mm512_set1_ps(1.0f);
-    for (int r = 0; r < RB; r++)
-      _mm512_store_ps(v + (h * RB + r) * TG, P2 ? _mm512_mul_ps(acc[h * RB + r], df) : acc[h * RB + r]);
   }
 }
 
@@ -221,35 +205,35 @@ static inline __attribute__((always_inline)) void finish(const float *XD, int64_
  * 8 rows cost it 15-20 % at 64 and 256 tokens; with two chains per row, the same as 4;
  * with block_pairs16's 16 sums per token group, 8 rows ran at 0.65-0.90 of 4 on an Intel
  * Xeon, qmatmul-ab --shape 1536x8960, 16-512 tokens) */
-#define RUN(NAME, RB, SB, OFF, P2)                                                                                   \
+#define RUN(NAME, RB, SB, OFF)                                                                                     \
   static void NAME(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,      \
                    const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v,              \
                    const char *pf, int64_t pf_lines) {                                                           \
     (void)type;                                                                                                  \
     __m512 acc[RB];                                                                                              \
-    block(A, K, ws, go, ng, Bj, XD, CB, XS, SB, RB, OFF, P2, pf, pf_lines, acc);                                 \
-    finish(XD, K, RB, 1, P2, acc, v);                                                                            \
+    block(A, K, ws, go, ng, Bj, XD, CB, XS, SB, RB, OFF, pf, pf_lines, acc);                                     \
+    for (int r = 0; r < RB; r++) _mm512_store_ps(v + r * TG, acc[r]);                                            \
   }
-RUN(run_q4_k, 8, 32, 0, true)
-RUN(run_q8_0, 8, 32, 128, false)
-RUN(run_q5_0, 8, 32, 16, false)
-RUN(run_q6_k, 4, 16, 32, false)
+RUN(run_q4_k, 8, 32, 0)
+RUN(run_q8_0, 8, 32, 128)
+RUN(run_q5_0, 8, 32, 16)
+RUN(run_q6_k, 4, 16, 32)
 
 /* The same for two token groups (kvl__lanes_fn; results of the second group at v + RB x TG) */
-#define RUN2(NAME, RB, SB, OFF, P2)                                                                                   \
+#define RUN2(NAME, RB, SB, OFF)                                                                                    \
   static void NAME(uint32_t type, const uint8_t *A, int64_t K, const float *ws, const float *go, int64_t ng,      \
                    const int8_t *Bj, const float *XD, const float *CB, const int32_t *XS, float *v,              \
                    const char *pf, int64_t pf_lines) {                                                           \
     (void)type;                                                                                                  \
     __m512 acc[2 * RB];                                                                                          \
     for (int r = 0; r < 2 * RB; r++) acc[r] = _mm512_setzero_ps();                                               \
-    block2_more(A, K, ws, go, ng, Bj, XD, CB, XS, SB, RB, OFF, P2, pf, pf_lines, acc);                           \
-    finish(XD, K, RB, 2, P2, acc, v);                                                                            \
+    block2_more(A, K, ws, go, ng, Bj, XD, CB, XS, SB, RB, OFF, pf, pf_lines, acc);                               \
+    for (int r = 0; r < 2 * RB; r++) _mm512_store_ps(v + r * TG, acc[r]);                                        \
   }
-RUN2(run2_q4_k, 8, 32, 0, true)
-RUN2(run2_q8_0, 8, 32, 128, false)
-RUN2(run2_q5_0, 8, 32, 16, false)
-RUN2(run2_q6_k, 4, 16, 32, false)
+RUN2(run2_q4_k, 8, 32, 0)
+RUN2(run2_q8_0, 8, 32, 128)
+RUN2(run2_q5_0, 8, 32, 16)
+RUN2(run2_q6_k, 4, 16, 32)
 
 /* Q4_K rows straight from the packed blocks, one group of 16 tokens (kvl__lanes_direct_fn):
  * a 32-bit load of codes holds 4 low nibbles (elements of sub-block 2j) and 4 high ones
@@ -292,20 +276,19 @@ static inline __attribute__((always_inline)) void direct_q4_k_rows(const uint8_t
           shi[r] = _mm512_dpbusd_epi32(shi[r], _mm512_and_si512(cv, hi4), xh);
         }
       }
-      const __m512i shl = _mm512_load_si512((const void *)(XD + 2 * g * TG));
-      const __m512i shh = _mm512_load_si512((const void *)(XD + 2 * (g + 1) * TG));
+      const __m512 xdl = _mm512_load_ps(XD + 2 * g * TG), xdh = _mm512_load_ps(XD + 2 * (g + 1) * TG);
       const __m512 cbl = _mm512_load_ps(CB + 2 * g * TG), cbh = _mm512_load_ps(CB + 2 * (g + 1) * TG);
 #pragma GCC unroll 8
       for (int r = 0; r < RB; r++) {
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sllv_epi32(slo[r], shl)), _mm512_set1_ps(ws[r][2 * j]), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(slo[r]), _mm512_mul_ps(_mm512_set1_ps(ws[r][2 * j]), xdl), acc[r]);
         acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(go[r][2 * j]), cbl, acc[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sllv_epi32(shi[r], shh)),
-                                 _mm512_set1_ps(ws[r][2 * j + 1] * 0.0625f), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(shi[r]),
+                                 _mm512_mul_ps(_mm512_set1_ps(ws[r][2 * j + 1] * 0.0625f), xdh), acc[r]);
         acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(go[r][2 * j + 1]), cbh, acc[r]);
       }
     }
   }
-  finish(XD, K, RB, 1, true, acc, v);
+  for (int r = 0; r < RB; r++) _mm512_store_ps(v + r * TG, acc[r]);
 }
 
 static void direct_q4_k(uint32_t type, const uint8_t *w, size_t row_bytes, int nr, int64_t K, const int8_t *Bj,
@@ -344,9 +327,9 @@ static void direct_q6_k(uint32_t type, const uint8_t *w, size_t row_bytes, int n
       _mm512_storeu_ps(ws + 16 * r, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))),
                                                   _mm512_set1_ps(kvl__h2f(b + 208))));
     }
-    block_more(A, 256, ws, NULL, 16, Bj + 4096 * c, XD + 16 * TG * c, CB + 16 * TG * c, XS + 16 * TG * c, 16, RB, 32, false, NULL, 0, acc);
+    block_more(A, 256, ws, NULL, 16, Bj + 4096 * c, XD + 16 * TG * c, CB + 16 * TG * c, XS + 16 * TG * c, 16, RB, 32, NULL, 0, acc);
   }
-  finish(XD, K, RB, 1, false, acc, v);
+  for (int r = 0; r < RB; r++) _mm512_store_ps(v + r * TG, acc[r]);
 }
 
 /* kvl__lanes_store_fn for 16 tokens and 4 or 8 rows: the rows' vectors (16 tokens each)
@@ -398,9 +381,9 @@ static void store_4(const float *v, const float *b, float *y, int64_t N) { store
 int kvl__qmatmul_avx512vnni(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                             const float *xd, const int32_t *xs, int T, const float *bias, float *y) {
   switch (type) {
-  case KVL_TYPE_Q6_K: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, false, run_q6_k, run2_q6_k, direct_q6_k, store_4);
-  case KVL_TYPE_Q8_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, false, run_q8_0, run2_q8_0, NULL, store_8);
-  case KVL_TYPE_Q5_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, false, run_q5_0, run2_q5_0, NULL, store_8);
-  default: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, true, run_q4_k, run2_q4_k, direct_q4_k, store_8);
+  case KVL_TYPE_Q6_K: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 4, true, run_q6_k, run2_q6_k, direct_q6_k, store_4);
+  case KVL_TYPE_Q8_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q8_0, run2_q8_0, NULL, store_8);
+  case KVL_TYPE_Q5_0: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q5_0, run2_q5_0, NULL, store_8);
+  default: return kvl__qmatmul_lanes(type, w, row_bytes, N, K, xq, xd, xs, T, bias, y, TG, 8, true, run_q4_k, run2_q4_k, direct_q4_k, store_8);
   }
 }

@@ -6,7 +6,6 @@
 #ifndef KVL_QMATMUL_LANES_H
 #define KVL_QMATMUL_LANES_H
 
-#include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,42 +96,6 @@ static inline __attribute__((always_inline)) void kvl__lanes_t32(const int32_t *
     for (int t = 0; t < TG; t++) dst[i * TG + t] = src[t * ld + i];
 }
 
-/* Per-token-group floats of XD, CB and XS: one per 16-element slot and token, and one
- * more slot: with p2, XD's holds each token's D / 2^KVL__Q8_P2_SHIFT */
-static inline int64_t kvl__lanes_fsz(int64_t K, const int TG) { return (K / 16 + 1) * TG; }
-
-/* With activations from kvl__q8_act_p2, a token group's scales (xdv: per slot and token)
- * to the kernels' shifts: the slot's int32 KVL__Q8_P2_SHIFT - e in place of its scale
- * D / 2^e, cbv the code sum times 2^shift (exact: |sum| < 2^11, so < 2^21), and in the
- * extra slot D / 2^KVL__Q8_P2_SHIFT. false where a scale is not of that form (then no
- * kernel may take the group). */
-static inline bool kvl__lanes_p2(int64_t ns, const int TG, float *xdv, float *cbv, const int32_t *xsv) {
-  uint32_t *u = (uint32_t *)xdv, *top = u + ns * TG; /* the bits; -fno-strict-aliasing */
-  for (int t = 0; t < TG; t++) {
-    float m = 0;
-    for (int64_t g = 0; g < ns; g++) m = xdv[g * TG + t] > m ? xdv[g * TG + t] : m; /* fmaxf: a libm call */
-    memcpy(&top[t], &m, 4);
-  }
-  bool ok = true;
-  for (int64_t g = 0; g < ns; g++)
-    for (int t = 0; t < TG; t++) {
-      const uint32_t a = top[t], b = u[g * TG + t];
-      const int sh = KVL__Q8_P2_SHIFT - ((int)(a >> 23) - (int)(b >> 23));
-      /* D normal (or zero with every scale zero), the same significand, 0 <= e <= SHIFT */
-      ok &= a == 0 ? b == 0 : (a >> 23) < 255 && (b >> 23) > 0 && ((a ^ b) & 0x7fffff) == 0 && sh >= 0 &&
-                                  sh <= KVL__Q8_P2_SHIFT;
-      const int s = a == 0 || sh < 0 || sh > KVL__Q8_P2_SHIFT ? 0 : sh;
-      u[g * TG + t] = (uint32_t)s;
-      cbv[g * TG + t] = (float)(xsv[g * TG + t] * (1 << s));
-    }
-  for (int t = 0; t < TG; t++) {
-    float d;
-    memcpy(&d, &top[t], 4);
-    xdv[ns * TG + t] = ldexpf(d, -KVL__Q8_P2_SHIFT);
-  }
-  return ok;
-}
-
 /* One group of tn <= TG tokens (xq, xd, xs: its first token's codes, block scales and
  * 16-element code sums) laid out for the kernels: b row i holds elements 4i..4i+3 of the
  * TG tokens; per 16-element slot and token the scale of its 32-block (xdv), the slot's code
@@ -141,10 +104,10 @@ static inline bool kvl__lanes_p2(int64_t ns, const int TG, float *xdv, float *cb
  * transposes: scalar loops after a memset of every slot took ~3-4 % of the 0.5B's pp512
  * on a Zen 4 (perf: the memset 1.6 %), and most of the 1.5B's k and v products (256 rows:
  * 1.07-1.13x faster with the transposes, qmatmul-ab --shape 256x1536). */
-static inline __attribute__((always_inline)) bool kvl__lanes_regroup(const int8_t *xq, const float *xd,
+static inline __attribute__((always_inline)) void kvl__lanes_regroup(const int8_t *xq, const float *xd,
                                                                      const int32_t *xs, int64_t K, int tn, const int TG,
-                                                                     bool fold, bool p2, int32_t *b, float *xdv,
-                                                                     float *cbv, int32_t *xsv) {
+                                                                     bool fold, int32_t *b, float *xdv, float *cbv,
+                                                                     int32_t *xsv) {
   const int64_t ns = K / 16; /* 16-element slots */
   if (tn == TG) {
     kvl__lanes_t32((const int32_t *)xq, K / 4, K / 4, TG, b);
@@ -172,17 +135,15 @@ static inline __attribute__((always_inline)) bool kvl__lanes_regroup(const int8_
       }
     }
   }
-  const bool ok = !p2 || kvl__lanes_p2(ns, TG, xdv, cbv, xsv);
   if (fold)
     for (int64_t g = 0; g < ns; g += 2)
       for (int t = 0; t < TG; t++) cbv[g * TG + t] += cbv[(g + 1) * TG + t], xsv[g * TG + t] += xsv[(g + 1) * TG + t];
-  return ok;
 }
 
 static inline __attribute__((always_inline)) int
 kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, const int8_t *xq,
                    const float *xd, const int32_t *xs, int T, const float *bias, float *y, const int TG, const int RB,
-                   const bool q8_offset, const bool p2, kvl__lanes_fn *run, kvl__lanes_fn *run2, kvl__lanes_direct_fn *direct,
+                   const bool q8_offset, kvl__lanes_fn *run, kvl__lanes_fn *run2, kvl__lanes_direct_fn *direct,
                    kvl__lanes_store_fn *store) {
   enum { CH = 256 }; /* elements per unpacked chunk */
   KVL_ASSERT(RB * TG <= KVL__LANES_MAX);
@@ -192,7 +153,7 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
   const int SB = type == KVL_TYPE_Q6_K ? 16 : 32;
   const int ntg = (T + TG - 1) / TG;                           /* groups of TG tokens */
   const int64_t n_blocks = (N + RB - 1) / RB, ng = K / SB;       /* RB-row blocks; scale groups per row */
-  const size_t bsz = (size_t)K * TG, fsz = (size_t)kvl__lanes_fsz(K, TG); /* per token group */
+  const size_t bsz = (size_t)K * TG, fsz = (size_t)(K / 16) * TG; /* per token group */
   /* token tiles (prefill): as many groups as keep their activations within 3/4 of the L2
    * (room left for the unpacked block and the weights streaming in), in tiles of equal
    * size; the tile-major order unpacks a row block once per tile (1 tile: decode batches).
@@ -224,11 +185,8 @@ kvl__qmatmul_lanes(uint32_t type, const void *w, size_t row_bytes, int64_t N, in
 #pragma omp for schedule(static)
     for (int j = 0; j < ntg; j++) {
       const int t0 = TG * j, tn = T - t0 < TG ? T - t0 : TG;
-      if (!kvl__lanes_regroup(xq + (int64_t)t0 * K, xd + (int64_t)t0 * (K / 32), xs + (int64_t)t0 * (K / 16), K, tn,
-                              TG, SB == 32, p2, (int32_t *)(B + bsz * j), XD + fsz * j, CB + fsz * j, XS + fsz * j)) {
-#pragma omp atomic write
-        rc = KVL_EINVAL;
-      }
+      kvl__lanes_regroup(xq + (int64_t)t0 * K, xd + (int64_t)t0 * (K / 32), xs + (int64_t)t0 * (K / 16), K, tn, TG,
+                         SB == 32, (int32_t *)(B + bsz * j), XD + fsz * j, CB + fsz * j, XS + fsz * j);
     }
     /* a block's rows unpacked whole (codes, group scales and offsets); rows past N zero */
     uint8_t *A = calloc((size_t)RB * (size_t)K, 1);
