@@ -114,14 +114,19 @@ static void attn_fixture_case(struct attn_fixture *f, int i, char *desc, size_t 
            bf16 ? "bf16" : "f32", f->a.n_tokens);
 }
 
-/* The fixture through `be` into *o and through the reference into *orf (both new,
- * [T][n_head * d], the caller frees them); their nmse. */
-static inline double attn_fixture_run(const struct attn_fixture *f, kvl_backend_t *be, float **o, float **orf) {
+/* How a test calls the attention op: through `be`, or one path of a kernel. */
+typedef void attn_fixture_fn(kvl_backend_t *be, const struct kvl_attn_args *a);
+
+/* The fixture through `run` (NULL: kvl_attention on `be`) into *o and through the
+ * reference into *orf (both new, [T][n_head * d], the caller frees them); their nmse. */
+static inline double attn_fixture_run(const struct attn_fixture *f, kvl_backend_t *be, attn_fixture_fn *run, float **o,
+                                      float **orf) {
   const size_t n = (size_t)f->a.n_tokens * f->a.n_head * f->l.head_dim;
   *o = malloc(n * 4), *orf = malloc(n * 4);
   struct kvl_attn_args a = f->a;
   a.out = *o;
-  kvl_attention(be, &a);
+  if (run) run(be, &a);
+  else kvl_attention(be, &a);
   a.out = *orf;
   kvl_attention_ref(&a);
   return nmse(*o, *orf, n);

@@ -138,7 +138,7 @@ static void test_attention(void) {
     char desc[96];
     attn_fixture_case(&f, c, desc, sizeof(desc));
     float *o, *orf;
-    report("attention", desc, attn_fixture_run(&f, cu, &o, &orf), 1e-10);
+    report("attention", desc, attn_fixture_run(&f, cu, NULL, &o, &orf), 1e-10);
     free(o), free(orf);
     attn_fixture_free(&f);
   }

@@ -249,34 +249,28 @@ static void test_embed(kvl_backend_t *be) {
   }
 }
 
-/* Two sequences with scattered physical blocks; a prefill chunk crossing block
- * boundaries in one and single decode tokens in the other, in one call. */
-/* how an attention test calls the op: through the backend, or one path of a kernel */
-typedef void attn_fn(kvl_backend_t *be, const struct kvl_attn_args *a);
+/* attention through the backend, and through the AVX-512 kernel's fp32 products */
 static void attn_backend(kvl_backend_t *be, const struct kvl_attn_args *a) { kvl_attention(be, a); }
 static void attn_avx512_fp32(kvl_backend_t *be, const struct kvl_attn_args *a) {
   (void)be;
   kvl__attention_avx512(a, false);
 }
 
-/* The attention cases through `run` against the reference: fp32 arithmetic to 1e-10; where
+/* The attention cases (two sequences with scattered physical blocks; a prefill chunk
+ * crossing block boundaries in one and single decode tokens in the other, in one call)
+ * through `run` against the reference: fp32 arithmetic to 1e-10; where
  * the products are bf16 (bf16: the AVX-512 attention's bf16 path, which rounds the query
  * and the softmax weights to 8 significant bits) to 3e-5 */
-static void test_attention_run(kvl_backend_t *be, const char *name, attn_fn *run, bool bf16) {
+static void test_attention_run(kvl_backend_t *be, const char *name, attn_fixture_fn *run, bool bf16) {
   for (int c = 0; c < ATTN_N_CASES; c++) {
     struct attn_fixture f;
     char desc[96];
     attn_fixture_case(&f, c, desc, sizeof(desc));
     const int T = f.a.n_tokens, d = f.l.head_dim, qw = f.a.n_head * d;
-    const size_t n = (size_t)T * qw;
-    float *o = malloc(n * 4), *orf = malloc(n * 4);
-    struct kvl_attn_args a = f.a;
-    a.out = o;
-    run(be, &a);
-    a.out = orf;
-    kvl_attention_ref(&a);
+    float *o, *orf;
+    const double err = attn_fixture_run(&f, be, run, &o, &orf);
     const bool bf_case = bf16 && f.l.dtype == KVL_KV_BF16 && (d == 64 || d == 128);
-    report(name, "attention", desc, nmse(o, orf, n), bf_case ? 3e-5 : 1e-10);
+    report(name, "attention", desc, err, bf_case ? 3e-5 : 1e-10);
     /* a token's output does not depend on its batch: each one alone, bit for bit */
     bool same = true;
     for (int t = 0; t < T; t++) {
