@@ -21,7 +21,7 @@ static void fill(float *x, size_t n, float scale) {
 
 /* Weight data of `type`: quantised random values; K-quants from random bytes with
  * sane scales (their quantisers are not needed for this). */
-static void *make_weight(uint32_t type, int64_t rows, int64_t cols) {
+static inline void *make_weight(uint32_t type, int64_t rows, int64_t cols) {
   size_t rb = kvl_row_size(type, (uint64_t)cols);
   unsigned char *d = malloc(rb * (size_t)rows);
   float *tmp = malloc((size_t)cols * sizeof(float));
@@ -112,6 +112,18 @@ static void attn_fixture_case(struct attn_fixture *f, int i, char *desc, size_t 
   attn_fixture_init(f, geo[gi].n_kv, geo[gi].d, geo[gi].n_head, bf16 ? KVL_KV_BF16 : KVL_KV_F32);
   snprintf(desc, desclen, "heads=%d/%d d=%d kv=%s T=%d", geo[gi].n_head, geo[gi].n_kv, geo[gi].d,
            bf16 ? "bf16" : "f32", f->a.n_tokens);
+}
+
+/* The case's batch cut to its two decode tokens (the last two): a copy of f sharing its
+ * arrays, not to be freed. */
+static inline struct attn_fixture attn_fixture_decode(const struct attn_fixture *f) {
+  struct attn_fixture g = *f;
+  const int T = f->a.n_tokens;
+  g.a.n_tokens = 2;
+  g.a.q = f->q + (size_t)(T - 2) * f->a.n_head * f->l.head_dim;
+  g.a.pos = f->a.pos + T - 2;
+  g.a.seq = f->a.seq + T - 2;
+  return g;
 }
 
 /* How a test calls the attention op: through `be`, or one path of a kernel. */

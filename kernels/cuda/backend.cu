@@ -123,7 +123,7 @@ void kvl__cuda_free(void *p) {
 /* ---- the backend ------------------------------------------------------------------- */
 
 struct cuda_state {
-  int device;
+  int device, n_sm; /* n_sm: multiprocessors (the attention's key split) */
   cudaStream_t st;
   cublasLtHandle_t lt;
   void *workspace; /* cuBLASLt's */
@@ -388,54 +388,44 @@ static void cu_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_
 }
 
 /* The batch's sequences' blocks of this layer (K then V slabs, adjacent in the pool) are
- * copied to the device in local order, with block tables rewritten to local ids. */
+ * copied to the device in local order, with block tables rewritten to local ids
+ * (kvl__cu_attn_stage_make); the plan picks the kernel, its tiles and key chunks. */
 static void cu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   (void)be;
   if (a->n_tokens <= 0) return;
-  const struct kvl_kv_layout *l = a->kv;
-  int n_seq = 0, max_blocks = 0;
-  for (int t = 0; t < a->n_tokens; t++) {
-    if (a->seq[t] + 1 > n_seq) n_seq = a->seq[t] + 1;
-    if (a->pos[t] / KVL_KV_BLOCK + 1 > max_blocks) max_blocks = a->pos[t] / KVL_KV_BLOCK + 1;
-  }
-  /* blocks needed per sequence: up to its highest position in the batch */
-  int *need = (int *)calloc((size_t)n_seq, sizeof(int));
-  int32_t *tables = (int32_t *)malloc((size_t)n_seq * (size_t)max_blocks * sizeof(int32_t));
-  KVL_ASSERT(need && tables);
-  for (int t = 0; t < a->n_tokens; t++)
-    if (a->pos[t] / KVL_KV_BLOCK + 1 > need[a->seq[t]]) need[a->seq[t]] = a->pos[t] / KVL_KV_BLOCK + 1;
-  int n_local = 0;
-  for (int s = 0; s < n_seq; s++) n_local += need[s];
-  const size_t slab = 2 * (size_t)KVL_KV_BLOCK * (size_t)l->n_kv_head * (size_t)l->head_dim *
-                      (l->dtype == KVL_KV_BF16 ? 2 : 4); /* K and V of one layer */
+  kvl__cu_attn_stage sg;
+  int32_t *tiles = (int32_t *)malloc(((size_t)a->n_tokens + 1) * sizeof(int32_t));
+  KVL_ASSERT(tiles && kvl__cu_attn_stage_make(a, &sg) == 0);
+  const kvl__cu_attn_plan plan = kvl__cu_attn_plan_make(a, S_.n_sm, tiles);
   pthread_mutex_lock(&S_.mu);
-  char *dblocks = (char *)dalloc((size_t)n_local * slab);
-  int next = 0;
-  for (int s = 0; s < n_seq; s++)
-    for (int j = 0; j < need[s]; j++) {
-      const void *src = kvl_kv_k_ptr(l, (void *)a->kv_base, a->block_tables[s][j], a->layer);
-      KVL_CK(cudaMemcpyAsync(dblocks + (size_t)next * slab, src, slab, cudaMemcpyHostToDevice, S_.st));
-      tables[(size_t)s * max_blocks + j] = next++;
-    }
-  const size_t qbytes = (size_t)a->n_tokens * (size_t)a->n_head * (size_t)l->head_dim * sizeof(float);
-  float *dq = (float *)upload(a->q, qbytes), *dout = (float *)dalloc(qbytes);
-  int32_t *dpos = (int32_t *)upload(a->pos, (size_t)a->n_tokens * sizeof(int32_t));
-  int32_t *dseq = (int32_t *)upload(a->seq, (size_t)a->n_tokens * sizeof(int32_t));
-  int32_t *dtab = (int32_t *)upload(tables, (size_t)n_seq * (size_t)max_blocks * sizeof(int32_t));
-  kvl__cu_attention(dq, dout, dpos, dseq, dtab, max_blocks, dblocks, a->n_tokens, a->n_head, l->n_kv_head,
-                    l->head_dim, l->dtype == KVL_KV_BF16, a->scale, S_.st);
+  char *dblocks = (char *)dalloc((size_t)(sg.n_local > 0 ? sg.n_local : 1) * sg.slab);
+  for (int i = 0; i < sg.n_local; i++)
+    KVL_CK(cudaMemcpyAsync(dblocks + (size_t)i * sg.slab, sg.src[i], sg.slab, cudaMemcpyHostToDevice, S_.st));
+  const size_t qbytes = (size_t)a->n_tokens * (size_t)a->n_head * (size_t)a->kv->head_dim * sizeof(float);
+  const size_t part = kvl__cu_attn_part_floats(&plan, a);
+  kvl__cu_attn_dev dv = {};
+  dv.q = (const float *)upload(a->q, qbytes);
+  dv.out = (float *)dalloc(qbytes);
+  dv.part = part ? (float *)dalloc(part * sizeof(float)) : NULL;
+  dv.pos = (const int32_t *)upload(a->pos, (size_t)a->n_tokens * sizeof(int32_t));
+  dv.seq = (const int32_t *)upload(a->seq, (size_t)a->n_tokens * sizeof(int32_t));
+  dv.tiles = plan.path == KVL__CU_ATTN_TILED
+                 ? (const int32_t *)upload(tiles, ((size_t)plan.n_tiles + 1) * sizeof(int32_t))
+                 : NULL;
+  dv.tables = (const int32_t *)upload(sg.tables, (size_t)sg.n_seq * (size_t)sg.max_blocks * sizeof(int32_t));
+  dv.blocks = dblocks;
+  dv.max_blocks = sg.max_blocks;
+  kvl__cu_attention(&plan, a, &dv, S_.st);
   KVL_CK(cudaGetLastError());
-  KVL_CK(cudaMemcpyAsync(a->out, dout, qbytes, cudaMemcpyDeviceToHost, S_.st));
+  KVL_CK(cudaMemcpyAsync(a->out, dv.out, qbytes, cudaMemcpyDeviceToHost, S_.st));
   KVL_CK(cudaStreamSynchronize(S_.st));
-  kvl__cuda_free(dblocks);
-  kvl__cuda_free(dq);
-  kvl__cuda_free(dout);
-  kvl__cuda_free(dpos);
-  kvl__cuda_free(dseq);
-  kvl__cuda_free(dtab);
+  void *slices[] = {dblocks, (void *)dv.q, dv.out, dv.part, (void *)dv.pos, (void *)dv.seq, (void *)dv.tiles,
+                    (void *)dv.tables};
+  for (size_t i = 0; i < sizeof(slices) / sizeof(slices[0]); i++)
+    kvl__cuda_free(slices[i]); /* NULL: nothing */
   pthread_mutex_unlock(&S_.mu);
-  free(need);
-  free(tables);
+  kvl__cu_attn_stage_free(&sg);
+  free(tiles);
 }
 
 /* ---- translation ----------------------------------------------------------------------
@@ -737,6 +727,7 @@ static void init(void) {
              prop.major, prop.minor);
     return;
   }
+  S_.n_sm = prop.multiProcessorCount;
   size_t free_b = 0, total_b = 0;
   KVL_CK(cudaMemGetInfo(&free_b, &total_b));
   const char *mib = getenv("KVL_CUDA_MEM_MIB");

@@ -1,12 +1,13 @@
 /* cuda-impl.h — private to kernels/cuda/: the device arena, the error check, and the
- * kernels' launchers (ops.cu) that the backend (backend.cu) calls. CUDA C++ only. */
+ * kernels' launchers (ops.cu) that the backend (backend.cu) calls. CUDA C++, or plain C++
+ * under sim.h (sim-ops.cc). */
 #ifndef KVL_CUDA_IMPL_H
 #define KVL_CUDA_IMPL_H
 
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "cu-compat.h"
 
 extern "C" {
 #include "../backend-impl.h"
@@ -35,12 +36,39 @@ void kvl__cu_rope(float *x, const int32_t *pos, const float *inv_freq, int n_tok
 void kvl__cu_swiglu(const float *g, const float *u, float *y, int64_t n, cudaStream_t st);
 void kvl__cu_embed(const __nv_bfloat16 *table, const int32_t *ids, float *y, int n_tokens, int64_t cols,
                    cudaStream_t st);
-/* Attention over a staged copy of one layer's KV: blocks[i] holds K[16][kvw] then V[16][kvw]
- * of local block i (fp32 or bf16), tables[s * max_blocks + j] the local block of sequence
- * s's logical block j. */
-void kvl__cu_attention(const float *q, float *out, const int32_t *pos, const int32_t *seq, const int32_t *tables,
-                       int max_blocks, const void *blocks, int n_tokens, int n_head, int n_kv_head, int head_dim,
-                       bool bf16, float scale, cudaStream_t st);
+/* Attention over a staged copy of one layer's KV (ops.cu explains the paths). Staging:
+ * local block i is a copy of the host pool's K slab of the layer, then its V slab
+ * (src[i], slab bytes together: K[16][kvw] then V[16][kvw], fp32 or bf16);
+ * tables[s * max_blocks + j] is the local block of sequence s's logical block j. */
+struct kvl__cu_attn_stage {
+  int n_seq, max_blocks, n_local;
+  int32_t *tables;  /* [n_seq][max_blocks] */
+  const void **src; /* [n_local] */
+  size_t slab;
+};
+int kvl__cu_attn_stage_make(const struct kvl_attn_args *a, kvl__cu_attn_stage *s); /* 0 or KVL_ENOMEM */
+void kvl__cu_attn_stage_free(kvl__cu_attn_stage *s);
+
+/* How a batch runs: the warp path, or tiled (n_tiles query tiles, whose token starts
+ * plan_make writes to tiles[0..n_tiles], n_tokens + 1 entries at most; hpc query heads
+ * per tile; the keys in n_split chunks of `chunk`, n_sm the device's multiprocessors). */
+enum { KVL__CU_ATTN_WARP, KVL__CU_ATTN_TILED };
+struct kvl__cu_attn_plan {
+  int path, n_tiles, hpc, n_split, chunk;
+};
+kvl__cu_attn_plan kvl__cu_attn_plan_make(const struct kvl_attn_args *a, int n_sm, int32_t *tiles);
+/* the floats of scratch (part) a plan's key chunks take; 0: none */
+size_t kvl__cu_attn_part_floats(const kvl__cu_attn_plan *p, const struct kvl_attn_args *a);
+/* the device's copies of the batch (a's host arrays give the shapes) */
+struct kvl__cu_attn_dev {
+  const float *q;
+  float *out, *part;
+  const int32_t *pos, *seq, *tiles, *tables;
+  const void *blocks;
+  int max_blocks;
+};
+void kvl__cu_attention(const kvl__cu_attn_plan *p, const struct kvl_attn_args *a, const kvl__cu_attn_dev *dv,
+                       cudaStream_t st);
 
 /* Translation (the span's blocks staged on the device in local order; ops.cu explains) */
 struct kvl__cu_kv_geom {

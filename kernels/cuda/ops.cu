@@ -4,8 +4,14 @@
  * same formula; accumulation in fp32, or double where the reference's accuracy needs it),
  * and tests/gpu/test-cuda-ops.c checks it against the CPU. */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda-impl.h"
+
+extern "C" {
+#include "kvl_error.h"
+}
 
 static inline unsigned blocks_for(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
 
@@ -15,7 +21,7 @@ __global__ void k_to_bf16(const float *x, __nv_bfloat16 *y, int64_t n) {
 }
 
 void kvl__cu_to_bf16(const float *x, __nv_bfloat16 *y, int64_t n, cudaStream_t st) {
-  if (n > 0) k_to_bf16<<<blocks_for(n, 256), 256, 0, st>>>(x, y, n);
+  if (n > 0) KVL_LAUNCH(k_to_bf16, blocks_for(n, 256), 256, st, x, y, n);
 }
 
 __global__ void k_bias(float *y, const float *b, int64_t total, int64_t n) {
@@ -25,7 +31,7 @@ __global__ void k_bias(float *y, const float *b, int64_t total, int64_t n) {
 
 void kvl__cu_bias(float *y, const float *b, int n_tokens, int64_t n, cudaStream_t st) {
   int64_t total = (int64_t)n_tokens * n;
-  if (total > 0) k_bias<<<blocks_for(total, 256), 256, 0, st>>>(y, b, total, n);
+  if (total > 0) KVL_LAUNCH(k_bias, blocks_for(total, 256), 256, st, y, b, total, n);
 }
 
 /* sum of v over the block (blockDim.x a multiple of 32, at most 1024) */
@@ -56,7 +62,7 @@ __global__ void k_rmsnorm(const float *x, const float *w, float *y, int n, float
 }
 
 void kvl__cu_rmsnorm(const float *x, const float *w, float *y, int n_tokens, int n, float eps, cudaStream_t st) {
-  if (n_tokens > 0) k_rmsnorm<<<n_tokens, 256, 0, st>>>(x, w, y, n, eps);
+  if (n_tokens > 0) KVL_LAUNCH(k_rmsnorm, n_tokens, 256, st, x, w, y, n, eps);
 }
 
 /* neox pairs (i, i + d/2); the angle in double, as kvl_rope_table */
@@ -80,7 +86,7 @@ __global__ void k_rope(float *x, const int32_t *pos, const float *inv_freq, int 
 void kvl__cu_rope(float *x, const int32_t *pos, const float *inv_freq, int n_tokens, int n_heads, int head_dim,
                   bool inverse, cudaStream_t st) {
   int64_t n = (int64_t)n_tokens * n_heads * (head_dim / 2);
-  if (n > 0) k_rope<<<blocks_for(n, 256), 256, 0, st>>>(x, pos, inv_freq, n_tokens, n_heads, head_dim, inverse);
+  if (n > 0) KVL_LAUNCH(k_rope, blocks_for(n, 256), 256, st, x, pos, inv_freq, n_tokens, n_heads, head_dim, inverse);
 }
 
 __global__ void k_swiglu(const float *g, const float *u, float *y, int64_t n) {
@@ -89,7 +95,7 @@ __global__ void k_swiglu(const float *g, const float *u, float *y, int64_t n) {
 }
 
 void kvl__cu_swiglu(const float *g, const float *u, float *y, int64_t n, cudaStream_t st) {
-  if (n > 0) k_swiglu<<<blocks_for(n, 256), 256, 0, st>>>(g, u, y, n);
+  if (n > 0) KVL_LAUNCH(k_swiglu, blocks_for(n, 256), 256, st, g, u, y, n);
 }
 
 __global__ void k_embed(const __nv_bfloat16 *table, const int32_t *ids, float *y, int64_t cols) {
@@ -99,17 +105,29 @@ __global__ void k_embed(const __nv_bfloat16 *table, const int32_t *ids, float *y
 
 void kvl__cu_embed(const __nv_bfloat16 *table, const int32_t *ids, float *y, int n_tokens, int64_t cols,
                    cudaStream_t st) {
-  if (n_tokens > 0) k_embed<<<n_tokens, 256, 0, st>>>(table, ids, y, cols);
+  if (n_tokens > 0) KVL_LAUNCH(k_embed, n_tokens, 256, st, table, ids, y, cols);
 }
 
 /* ---- attention ---------------------------------------------------------------------
  *
- * One warp per (token, query head): lane l holds elements l, l + 32, ... of the query and
- * of the output accumulator (head_dim <= 256: at most 8 each). The warp walks the
- * sequence's positions 0..pos in order with an online softmax (running max m and sum
- * l, the accumulator rescaled by e^(m_old - m_new)), a score being a warp-wide sum. The
- * same recurrence as the CPU's flash attention, without tiling: correct first; a tiled
- * prefill kernel and a split-K decode kernel are the next step. */
+ * Both paths run the CPU's flash recurrence (an online softmax: running max m and sum l,
+ * the accumulator rescaled by e^(m_old - m_new)) over the staged blocks.
+ *
+ * Warp path (any head width up to 256; KVL_CUDA_ATTN=warp forces it): one warp per
+ * (token, query head), lane l holding elements l, l + 32, ... of the query and the
+ * accumulator, walking positions 0..pos one at a time, a score being a warp-wide sum.
+ *
+ * Tiled path (head widths 64 and 128): one block of 4 warps per (query tile, head group,
+ * key split). A tile is 16 rows: up to 16 consecutive positions of one sequence for one
+ * query head, or, where every token of the batch is alone in its tile (decode), one token
+ * for hpc query heads sharing a KV head (grouped-query packing: the group's K and V read
+ * once). Each warp owns 4 rows. Per step the block stages 32 keys and their values in
+ * shared memory as fp32 (key rows padded to D + 4 floats: lane j reads key j's row with
+ * 16-byte loads, no bank conflicts); lane j scores key j against the warp's 4 queries,
+ * the warp takes each row's max and sum with shuffles, and lane l adds the probability-
+ * weighted values into its D/32 accumulator elements per row. With n_split > 1 (few
+ * blocks for the device: decode) each block takes one chunk of the keys and writes its
+ * rows' (m, l, unnormalised accumulator); k_attn_combine merges the chunks per row. */
 template <typename KV>
 __device__ inline float kv_at(const KV *p);
 template <>
@@ -117,56 +135,256 @@ __device__ inline float kv_at<float>(const float *p) { return *p; }
 template <>
 __device__ inline float kv_at<__nv_bfloat16>(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
 
+struct attn_k {
+  const float *q;
+  float *out, *part;
+  const int32_t *pos, *seq, *tiles, *tables;
+  const void *blocks;
+  int max_blocks, n_head, n_kv_head, d, hpc, chunk, n_rows;
+  float scale;
+};
+
 template <typename KV>
-__global__ void k_attention(const float *q, float *out, const int32_t *pos, const int32_t *seq, const int32_t *tables,
-                            int max_blocks, const KV *blocks, int n_head, int n_kv_head, int d, float scale) {
-  const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
-  const int kh = h / (n_head / n_kv_head), kvw = n_kv_head * d, per = (d + 31) / 32;
-  const float *qh = q + ((int64_t)t * n_head + h) * d;
+__global__ void k_attn_warp(attn_k k) {
+  const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, d = k.d;
+  const int kh = h / (k.n_head / k.n_kv_head), kvw = k.n_kv_head * d, per = (d + 31) / 32;
+  const float *qh = k.q + ((int64_t)t * k.n_head + h) * d;
+  const KV *blocks = (const KV *)k.blocks;
   float qv[8], acc[8];
   for (int e = 0; e < per; e++) {
     int c = lane + 32 * e;
     qv[e] = c < d ? qh[c] : 0.0f;
     acc[e] = 0.0f;
   }
-  const int32_t *bt = tables + (int64_t)seq[t] * max_blocks;
+  const int32_t *bt = k.tables + (int64_t)k.seq[t] * k.max_blocks;
   float m = -INFINITY, l = 0.0f;
-  for (int j = 0; j <= pos[t]; j++) {
+  for (int j = 0; j <= k.pos[t]; j++) {
     const KV *blk = blocks + (int64_t)bt[j / 16] * 2 * 16 * kvw;
-    const KV *k = blk + (int64_t)(j % 16) * kvw + (int64_t)kh * d, *v = k + (int64_t)16 * kvw;
+    const KV *kr = blk + (int64_t)(j % 16) * kvw + (int64_t)kh * d, *vr = kr + (int64_t)16 * kvw;
     float s = 0.0f;
     for (int e = 0; e < per; e++) {
       int c = lane + 32 * e;
-      if (c < d) s += qv[e] * kv_at(k + c);
+      if (c < d) s += qv[e] * kv_at(kr + c);
     }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    s *= scale;
+    s *= k.scale;
     float nm = fmaxf(m, s), corr = expf(m - nm), p = expf(s - nm);
     l = l * corr + p;
     for (int e = 0; e < per; e++) {
       int c = lane + 32 * e;
-      if (c < d) acc[e] = acc[e] * corr + p * kv_at(v + c);
+      if (c < d) acc[e] = acc[e] * corr + p * kv_at(vr + c);
     }
     m = nm;
   }
-  float *o = out + ((int64_t)t * n_head + h) * d;
+  float *o = k.out + ((int64_t)t * k.n_head + h) * d;
   for (int e = 0; e < per; e++) {
     int c = lane + 32 * e;
     if (c < d) o[c] = acc[e] / l;
   }
 }
 
-void kvl__cu_attention(const float *q, float *out, const int32_t *pos, const int32_t *seq, const int32_t *tables,
-                       int max_blocks, const void *blocks, int n_tokens, int n_head, int n_kv_head, int head_dim,
-                       bool bf16, float scale, cudaStream_t st) {
-  if (n_tokens <= 0) return;
-  dim3 grid((unsigned)n_tokens, (unsigned)n_head);
-  if (bf16)
-    k_attention<__nv_bfloat16><<<grid, 32, 0, st>>>(q, out, pos, seq, tables, max_blocks,
-                                                    (const __nv_bfloat16 *)blocks, n_head, n_kv_head, head_dim, scale);
-  else
-    k_attention<float><<<grid, 32, 0, st>>>(q, out, pos, seq, tables, max_blocks, (const float *)blocks, n_head,
-                                            n_kv_head, head_dim, scale);
+enum { ATT_ROWS = 16, ATT_BK = 32, ATT_WARPS = 4, ATT_RW = ATT_ROWS / ATT_WARPS };
+
+template <typename KV, int D>
+__global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_tiled(attn_k k) {
+  static_assert(ATT_RW == 4, "a warp's rows travel as one float4");
+  constexpr int DP = D + 4, E = D / 32;
+  __shared__ float4 qs4[ATT_ROWS * D / 4];  /* the rows' queries, times the scale */
+  __shared__ float4 ks4[ATT_BK * DP / 4];   /* the step's keys, rows of DP floats */
+  __shared__ float vs[ATT_BK][D];           /* the step's values */
+  __shared__ float4 ps4[ATT_WARPS][ATT_BK]; /* per warp and key: its 4 rows' probabilities */
+  float *qs = (float *)qs4, *ks = (float *)ks4;
+  const int tid = threadIdx.x, lane = tid % 32, w = tid / 32;
+  const int t0 = k.tiles[blockIdx.x], nt = k.tiles[blockIdx.x + 1] - t0, nrows = nt * k.hpc;
+  const int h0 = blockIdx.y * k.hpc, kh = h0 / (k.n_head / k.n_kv_head), kvw = k.n_kv_head * D;
+  for (int i = tid; i < ATT_ROWS * D; i += blockDim.x) {
+    const int r = i / D, c = i % D;
+    qs[i] = r < nrows ? k.q[((int64_t)(t0 + r / k.hpc) * k.n_head + h0 + r % k.hpc) * D + c] * k.scale : 0.0f;
+  }
+  int rp[ATT_RW]; /* each row's position (-1: no row) */
+  float m[ATT_RW], l[ATT_RW], acc[ATT_RW][E];
+  for (int r = 0; r < ATT_RW; r++) {
+    const int row = w * ATT_RW + r;
+    rp[r] = row < nrows ? k.pos[t0 + row / k.hpc] : -1;
+    m[r] = -INFINITY, l[r] = 0.0f;
+    for (int e = 0; e < E; e++) acc[r][e] = 0.0f;
+  }
+  /* the tile's positions ascend: its last token sees the most keys */
+  const int lo = blockIdx.z * k.chunk, last = k.pos[t0 + nt - 1];
+  const int hi = lo + k.chunk < last + 1 ? lo + k.chunk : last + 1;
+  const int32_t *bt = k.tables + (int64_t)k.seq[t0] * k.max_blocks;
+  const KV *blocks = (const KV *)k.blocks;
+  for (int j0 = lo; j0 < hi; j0 += ATT_BK) {
+    __syncthreads(); /* the previous step's readers are done */
+    for (int i = tid; i < ATT_BK * D; i += blockDim.x) {
+      const int j = i / D, c = i % D, key = j0 + j;
+      float kv = 0.0f, vv = 0.0f;
+      if (key < hi) {
+        const KV *kp = blocks + ((int64_t)bt[key / 16] * 32 + key % 16) * kvw + (int64_t)kh * D + c;
+        kv = kv_at(kp);
+        vv = kv_at(kp + (int64_t)16 * kvw);
+      }
+      ks[j * DP + c] = kv;
+      vs[j][c] = vv;
+    }
+    __syncthreads();
+    const int key = j0 + lane;
+    const float4 *kr = (const float4 *)(ks + lane * DP);
+    float s[ATT_RW] = {0.0f, 0.0f, 0.0f, 0.0f}, p[ATT_RW];
+    for (int c4 = 0; c4 < D / 4; c4++) {
+      const float4 kk = kr[c4];
+      for (int r = 0; r < ATT_RW; r++) {
+        const float4 qq = qs4[(w * ATT_RW + r) * (D / 4) + c4];
+        s[r] += qq.x * kk.x + qq.y * kk.y + qq.z * kk.z + qq.w * kk.w;
+      }
+    }
+    for (int r = 0; r < ATT_RW; r++) {
+      const float sr = key < hi && key <= rp[r] ? s[r] : -INFINITY;
+      float mx = sr;
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float nm = fmaxf(m[r], mx);
+      p[r] = sr == -INFINITY ? 0.0f : expf(sr - nm);
+      float sum = p[r];
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      const float corr = m[r] == nm ? 1.0f : expf(m[r] - nm); /* both -inf: nothing yet */
+      l[r] = l[r] * corr + sum;
+      for (int e = 0; e < E; e++) acc[r][e] *= corr;
+      m[r] = nm;
+    }
+    ps4[w][lane] = make_float4(p[0], p[1], p[2], p[3]);
+    __syncwarp();
+    for (int j = 0; j < ATT_BK; j++) {
+      const float4 pj = ps4[w][j];
+      for (int e = 0; e < E; e++) {
+        const float v = vs[j][lane + 32 * e];
+        acc[0][e] += pj.x * v, acc[1][e] += pj.y * v, acc[2][e] += pj.z * v, acc[3][e] += pj.w * v;
+      }
+    }
+  }
+  for (int r = 0; r < ATT_RW; r++) {
+    const int row = w * ATT_RW + r;
+    if (row >= nrows) continue;
+    const int64_t idx = (int64_t)(t0 + row / k.hpc) * k.n_head + h0 + row % k.hpc;
+    if (gridDim.z == 1) {
+      for (int e = 0; e < E; e++) k.out[idx * D + lane + 32 * e] = acc[r][e] / l[r];
+    } else {
+      float *pp = k.part + ((int64_t)blockIdx.z * k.n_rows + idx) * (D + 2);
+      if (lane == 0) pp[0] = m[r], pp[1] = l[r];
+      for (int e = 0; e < E; e++) pp[2 + lane + 32 * e] = acc[r][e];
+    }
+  }
+}
+
+/* one warp per (token, head): the chunks' (m, l, acc) merged, acc / l to out */
+__global__ void k_attn_combine(attn_k k, int n_split) {
+  const int64_t idx = blockIdx.x;
+  const int d = k.d;
+  float mx = -INFINITY, l = 0.0f;
+  for (int s = 0; s < n_split; s++) mx = fmaxf(mx, k.part[((int64_t)s * k.n_rows + idx) * (d + 2)]);
+  for (int s = 0; s < n_split; s++) {
+    const float *pp = k.part + ((int64_t)s * k.n_rows + idx) * (d + 2);
+    if (pp[0] != -INFINITY) l += pp[1] * expf(pp[0] - mx);
+  }
+  for (int c = threadIdx.x; c < d; c += 32) {
+    float a = 0.0f;
+    for (int s = 0; s < n_split; s++) {
+      const float *pp = k.part + ((int64_t)s * k.n_rows + idx) * (d + 2);
+      if (pp[0] != -INFINITY) a += pp[2 + c] * expf(pp[0] - mx);
+    }
+    k.out[idx * d + c] = a / l;
+  }
+}
+
+int kvl__cu_attn_stage_make(const struct kvl_attn_args *a, kvl__cu_attn_stage *s) {
+  const struct kvl_kv_layout *l = a->kv;
+  *s = kvl__cu_attn_stage{};
+  for (int t = 0; t < a->n_tokens; t++) {
+    if (a->seq[t] + 1 > s->n_seq) s->n_seq = a->seq[t] + 1;
+    if (a->pos[t] / KVL_KV_BLOCK + 1 > s->max_blocks) s->max_blocks = a->pos[t] / KVL_KV_BLOCK + 1;
+  }
+  /* blocks needed per sequence: up to its highest position in the batch */
+  int *need = (int *)calloc((size_t)s->n_seq, sizeof(int));
+  s->tables = (int32_t *)calloc((size_t)s->n_seq * (size_t)s->max_blocks, sizeof(int32_t));
+  if (!need || !s->tables) {
+    free(need);
+    kvl__cu_attn_stage_free(s);
+    return KVL_ENOMEM;
+  }
+  for (int t = 0; t < a->n_tokens; t++)
+    if (a->pos[t] / KVL_KV_BLOCK + 1 > need[a->seq[t]]) need[a->seq[t]] = a->pos[t] / KVL_KV_BLOCK + 1;
+  for (int q = 0; q < s->n_seq; q++) s->n_local += need[q];
+  s->src = (const void **)malloc((size_t)(s->n_local > 0 ? s->n_local : 1) * sizeof(void *));
+  if (!s->src) {
+    free(need);
+    kvl__cu_attn_stage_free(s);
+    return KVL_ENOMEM;
+  }
+  s->slab = 2 * (size_t)KVL_KV_BLOCK * (size_t)l->n_kv_head * (size_t)l->head_dim * (l->dtype == KVL_KV_BF16 ? 2 : 4);
+  int next = 0;
+  for (int q = 0; q < s->n_seq; q++)
+    for (int j = 0; j < need[q]; j++) {
+      s->src[next] = kvl_kv_k_ptr(l, (void *)a->kv_base, a->block_tables[q][j], a->layer);
+      s->tables[(size_t)q * s->max_blocks + j] = next++;
+    }
+  free(need);
+  return 0;
+}
+
+void kvl__cu_attn_stage_free(kvl__cu_attn_stage *s) {
+  free(s->tables);
+  free(s->src);
+  s->tables = NULL, s->src = NULL;
+}
+
+kvl__cu_attn_plan kvl__cu_attn_plan_make(const struct kvl_attn_args *a, int n_sm, int32_t *tiles) {
+  kvl__cu_attn_plan p = {KVL__CU_ATTN_WARP, a->n_tokens, 1, 1, 0};
+  const int d = a->kv->head_dim, G = a->n_head / a->kv->n_kv_head;
+  const char *e = getenv("KVL_CUDA_ATTN");
+  if ((d != 64 && d != 128) || (e && !strcmp(e, "warp"))) return p;
+  p.path = KVL__CU_ATTN_TILED;
+  p.n_tiles = kvl__attn_tiles(a, ATT_ROWS, tiles);
+  if (p.n_tiles == a->n_tokens)
+    for (int h = G < ATT_ROWS ? G : ATT_ROWS; h > 1 && p.hpc == 1; h--)
+      if (G % h == 0) p.hpc = h;
+  int keys = 0;
+  for (int t = 0; t < a->n_tokens; t++)
+    if (a->pos[t] + 1 > keys) keys = a->pos[t] + 1;
+  p.chunk = (keys + ATT_BK - 1) / ATT_BK * ATT_BK;
+  /* fewer than two blocks per multiprocessor: split the keys */
+  const int blocks = p.n_tiles * (a->n_head / p.hpc);
+  if (n_sm > 0 && blocks < 2 * n_sm) {
+    const int want = (2 * n_sm + blocks - 1) / blocks;
+    p.chunk = ((keys + want - 1) / want + ATT_BK - 1) / ATT_BK * ATT_BK;
+    p.n_split = (keys + p.chunk - 1) / p.chunk;
+  }
+  return p;
+}
+
+size_t kvl__cu_attn_part_floats(const kvl__cu_attn_plan *p, const struct kvl_attn_args *a) {
+  if (p->n_split <= 1) return 0;
+  return (size_t)p->n_split * (size_t)a->n_tokens * (size_t)a->n_head * ((size_t)a->kv->head_dim + 2);
+}
+
+void kvl__cu_attention(const kvl__cu_attn_plan *p, const struct kvl_attn_args *a, const kvl__cu_attn_dev *dv,
+                       cudaStream_t st) {
+  if (a->n_tokens <= 0) return;
+  const int d = a->kv->head_dim;
+  const bool bf16 = a->kv->dtype == KVL_KV_BF16;
+  const attn_k k = {dv->q,      dv->out,     dv->part,         dv->pos, dv->seq, dv->tiles, dv->tables, dv->blocks,
+                    dv->max_blocks, a->n_head, a->kv->n_kv_head, d,       p->hpc,  p->chunk,  a->n_tokens * a->n_head,
+                    a->scale};
+  if (p->path == KVL__CU_ATTN_WARP) {
+    const dim3 grid((unsigned)a->n_tokens, (unsigned)a->n_head);
+    if (bf16) KVL_LAUNCH(k_attn_warp<__nv_bfloat16>, grid, 32, st, k);
+    else KVL_LAUNCH(k_attn_warp<float>, grid, 32, st, k);
+    return;
+  }
+  void (*kern)(attn_k);
+  if (bf16) kern = d == 64 ? k_attn_tiled<__nv_bfloat16, 64> : k_attn_tiled<__nv_bfloat16, 128>;
+  else kern = d == 64 ? k_attn_tiled<float, 64> : k_attn_tiled<float, 128>;
+  const dim3 grid((unsigned)p->n_tiles, (unsigned)(a->n_head / p->hpc), (unsigned)p->n_split);
+  KVL_LAUNCH(kern, grid, ATT_WARPS * 32, st, k);
+  if (p->n_split > 1) KVL_LAUNCH(k_attn_combine, k.n_rows, 32, st, k, p->n_split);
 }
 
 /* ---- translation (backend.cu's cu_translate) ---------------------------------------
@@ -214,10 +432,10 @@ void kvl__cu_tr_gather(const void *blocks, const kvl__cu_kv_geom *g, const int32
   if (n <= 0 || n_layers <= 0) return;
   dim3 grid((unsigned)n, (unsigned)n_layers);
   if (g->bf16)
-    k_tr_gather<__nv_bfloat16><<<grid, 128, 0, st>>>((const char *)blocks, *g, blk, slot, pos, inv_freq, layers, n_src,
+    KVL_LAUNCH(k_tr_gather<__nv_bfloat16>, grid, 128, st, (const char *)blocks, *g, blk, slot, pos, inv_freq, layers, n_src,
                                                      keys, x);
   else
-    k_tr_gather<float><<<grid, 128, 0, st>>>((const char *)blocks, *g, blk, slot, pos, inv_freq, layers, n_src, keys,
+    KVL_LAUNCH(k_tr_gather<float>, grid, 128, st, (const char *)blocks, *g, blk, slot, pos, inv_freq, layers, n_src, keys,
                                              x);
 }
 
@@ -229,7 +447,7 @@ __global__ void k_tr_fill(float *y, const float *bias, int64_t total, int w) {
 
 void kvl__cu_tr_fill(float *y, const float *bias, int n, int w, cudaStream_t st) {
   int64_t total = (int64_t)n * w;
-  if (total > 0) k_tr_fill<<<blocks_for(total, 256), 256, 0, st>>>(y, bias, total, w);
+  if (total > 0) KVL_LAUNCH(k_tr_fill, blocks_for(total, 256), 256, st, y, bias, total, w);
 }
 
 /* Target layer `layer`'s keys (rotated forward at pos[i]) or values y[i][w] stored into
@@ -260,7 +478,7 @@ void kvl__cu_tr_store(const float *y, void *blocks, const kvl__cu_kv_geom *g, co
                       const int32_t *pos, const float *inv_freq, int layer, bool keys, int n, cudaStream_t st) {
   if (n <= 0) return;
   if (g->bf16)
-    k_tr_store<__nv_bfloat16><<<n, 128, 0, st>>>(y, (char *)blocks, *g, blk, slot, pos, inv_freq, layer, keys);
+    KVL_LAUNCH(k_tr_store<__nv_bfloat16>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, layer, keys);
   else
-    k_tr_store<float><<<n, 128, 0, st>>>(y, (char *)blocks, *g, blk, slot, pos, inv_freq, layer, keys);
+    KVL_LAUNCH(k_tr_store<float>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, layer, keys);
 }

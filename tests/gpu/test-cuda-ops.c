@@ -131,15 +131,26 @@ static void test_embed(void) {
   }
 }
 
-/* the CPU harness's case (attn_fixture): scattered blocks, a prefill chunk and decode tokens */
+/* the CPU harness's case (attn_fixture): scattered blocks, a prefill chunk and decode
+ * tokens, on the plan the device's multiprocessors give (tiled for head widths 64 and 128,
+ * the key chunks of a small batch); then its decode tokens alone (grouped heads per tile),
+ * then the whole batch on the warp path (KVL_CUDA_ATTN=warp) */
 static void test_attention(void) {
   for (int c = 0; c < ATTN_N_CASES; c++) {
     struct attn_fixture f;
     char desc[96];
     attn_fixture_case(&f, c, desc, sizeof(desc));
-    float *o, *orf;
-    report("attention", desc, attn_fixture_run(&f, cu, NULL, &o, &orf), 1e-10);
-    free(o), free(orf);
+    for (int run = 0; run < 3; run++) {
+      const struct attn_fixture g = run == 1 ? attn_fixture_decode(&f) : f;
+      if (run == 2) setenv("KVL_CUDA_ATTN", "warp", 1);
+      float *o, *orf;
+      const double e = attn_fixture_run(&g, cu, NULL, &o, &orf);
+      if (run == 2) unsetenv("KVL_CUDA_ATTN");
+      char d2[128];
+      snprintf(d2, sizeof(d2), "%s%s", desc, run == 1 ? " decode" : run == 2 ? " warp" : "");
+      report("attention", d2, e, 1e-10);
+      free(o), free(orf);
+    }
     attn_fixture_free(&f);
   }
 }

@@ -1,0 +1,122 @@
+/* sim.h — private to kernels/cuda/: CUDA's execution model on the CPU, for running the
+ * backend's kernels (ops.cu, compiled as C++ with KVL_CUDA_SIM) in the unit tests of a
+ * machine without a GPU. What a kernel sees:
+ *
+ *   - a grid of blocks, run one block at a time, every thread of the block an OS thread;
+ *     threadIdx / blockIdx per thread, blockDim / gridDim for the launch;
+ *   - __syncthreads() and __syncwarp(): barriers over the block's and the warp's threads
+ *     (warps of 32 consecutive linear thread ids); a thread that returns leaves them, as
+ *     an exited thread does on the device;
+ *   - __shfl_sync / __shfl_xor_sync / __shfl_down_sync: an exchange through the warp's
+ *     slots between two warp barriers, so every live lane of the warp must take part;
+ *   - __shared__ variables: function statics, one copy for the block that runs;
+ *   - bf16 values and conversions with round-to-nearest-even (cuda_bf16.h's _rn).
+ *
+ * What it cannot show: speed, the device's memory model beyond the barriers (a race that
+ * the barriers order here may still be one on the device), register and shared-memory
+ * limits, and nvcc's code. It checks a kernel's indexing, tiling, masking and reductions
+ * against the CPU reference; a GPU run (tests/gpu) checks the rest. */
+#ifndef KVL_CUDA_SIM_H
+#define KVL_CUDA_SIM_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <functional>
+#include <tuple>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+struct kvl_sim_stream;
+typedef kvl_sim_stream *cudaStream_t;
+typedef int cudaError_t;
+
+extern thread_local dim3 threadIdx, blockIdx;
+extern dim3 blockDim, gridDim;
+
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+static inline float __bfloat162float(__nv_bfloat16 h) {
+  uint32_t u = (uint32_t)h.bits << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  __nv_bfloat16 h;
+  if ((u & 0x7fffffffu) > 0x7f800000u) h.bits = (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
+  else h.bits = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  return h;
+}
+
+namespace kvl_sim {
+void sync_block();
+void sync_warp();
+/* this thread's value out, lane src's back (src outside the warp: this thread's own) */
+uint64_t exchange(uint64_t bits, int src);
+int lane();
+void run(dim3 grid, dim3 block, const std::function<void()> &body);
+
+template <typename T>
+T shfl(T v, int src) {
+  static_assert(sizeof(T) <= 8, "a shuffle moves at most 8 bytes");
+  uint64_t b = 0;
+  memcpy(&b, &v, sizeof(T));
+  b = exchange(b, src);
+  memcpy(&v, &b, sizeof(T));
+  return v;
+}
+
+/* A kernel launch: the arguments converted to the kernel's parameters once, each thread
+ * calling it with its own copies. */
+template <typename... P, typename... A>
+void launch(void (*k)(P...), dim3 grid, dim3 block, A... args) {
+  std::tuple<P...> params(args...);
+  run(grid, block, [&] { std::apply(k, std::tuple<P...>(params)); });
+}
+} // namespace kvl_sim
+
+static inline void __syncthreads() { kvl_sim::sync_block(); }
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  (void)mask;
+  kvl_sim::sync_warp();
+}
+template <typename T>
+T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+  (void)mask;
+  const int l = kvl_sim::lane();
+  return kvl_sim::shfl(v, (l & ~(width - 1)) + (src & (width - 1)));
+}
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32) {
+  (void)mask, (void)width;
+  return kvl_sim::shfl(v, kvl_sim::lane() ^ m);
+}
+template <typename T>
+T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
+  (void)mask;
+  const int l = kvl_sim::lane();
+  return kvl_sim::shfl(v, (l & (width - 1)) + (int)d < width ? l + (int)d : l);
+}
+
+#define KVL_LAUNCH(k, grid, block, st, ...) ((void)(st), kvl_sim::launch(k, dim3(grid), dim3(block), __VA_ARGS__))
+
+#endif

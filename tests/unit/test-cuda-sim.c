@@ -1,0 +1,102 @@
+/* test-cuda-sim.c — the CUDA backend's own kernels (kernels/cuda/ops.cu) run on the CPU
+ * under kernels/cuda/sim.h, against the scalar references: on every machine, where the
+ * gpu suite (gpu/test-cuda-ops.c) needs a device. What this shows: each kernel's indexing,
+ * tiling, masking, reductions and the attention's plans (warp path, query tiles, grouped
+ * heads, key chunks and their merge) compute the reference's values. What only a GPU run
+ * shows: speed, and anything of the device's own (memory ordering beyond the barriers,
+ * resource limits, nvcc's code).
+ *
+ * Bounds as the gpu suite's for these ops: normalised squared error 1e-10 (fp32 kernels
+ * against the references, whose sums run in another order or in double). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kvl_test.h"
+#include "../ops_fixtures.h"
+#include "sim-ops.h"
+
+static void report(const char *op, const char *desc, const char *plan, double err, double bound) {
+  const bool ok = err <= bound;
+  printf("%s %-9s %-34s %-30s nmse %.3e (bound %.0e)\n", ok ? "ok  " : "FAIL", op, desc, plan, err, bound);
+  CHECK(ok);
+}
+
+/* the plan the sim took: the tiled path for head widths 64 and 128 unless forced */
+static void check_plan(const struct attn_fixture *f, const char *plan, bool forced_warp) {
+  const bool tiled = !forced_warp && (f->l.head_dim == 64 || f->l.head_dim == 128);
+  CHECK(strncmp(plan, tiled ? "tiled" : "warp", tiled ? 5 : 4) == 0);
+}
+
+static int sim_sm; /* the multiprocessors the attention plans for (0: no key split) */
+static void run_sim(kvl_backend_t *be, const struct kvl_attn_args *a);
+static char last_plan[64];
+static void run_sim(kvl_backend_t *be, const struct kvl_attn_args *a) {
+  (void)be;
+  kvl__cu_sim_attention(a, sim_sm, last_plan, sizeof(last_plan));
+}
+
+/* The harness's eight cases (head widths 64, 128, 32, 16; fp32 and bf16 KV), each run as
+ * the mixed batch (a prefill chunk over block boundaries and two decode tokens) in one key
+ * chunk and in several (an H100's 132 multiprocessors), then its two decode tokens alone
+ * (grouped-query packing and key chunks), then forced onto the warp path. */
+static void test_attention(void) {
+  for (int c = 0; c < ATTN_N_CASES; c++) {
+    struct attn_fixture f;
+    char desc[96];
+    attn_fixture_case(&f, c, desc, sizeof(desc));
+    for (int run = 0; run < 4; run++) {
+      const struct attn_fixture g = run == 2 ? attn_fixture_decode(&f) : f;
+      sim_sm = run == 0 ? 0 : 132;
+      if (run == 3) setenv("KVL_CUDA_ATTN", "warp", 1);
+      float *o, *orf;
+      const double e = attn_fixture_run(&g, NULL, run_sim, &o, &orf);
+      if (run == 3) unsetenv("KVL_CUDA_ATTN");
+      char d2[128];
+      snprintf(d2, sizeof(d2), "%s%s", desc, run == 2 ? " decode" : "");
+      report("attention", d2, last_plan, e, 1e-10);
+      check_plan(&g, last_plan, run == 3);
+      const bool tiled = run < 3 && (f.l.head_dim == 64 || f.l.head_dim == 128);
+      if (tiled && run == 0) CHECK(strstr(last_plan, "split=1x") != NULL);
+      if (tiled && run >= 1) CHECK(strstr(last_plan, "split=3x32") != NULL);
+      if (tiled && run == 2) CHECK(strstr(last_plan, "hpc=1 ") == NULL); /* the group's heads in one tile */
+      free(o), free(orf);
+    }
+    attn_fixture_free(&f);
+  }
+}
+
+static void test_elementwise(void) {
+  const int T = 7, n = 1536;
+  float *x = malloc((size_t)T * n * 4), *w = malloc((size_t)n * 4), *y = malloc((size_t)T * n * 4),
+        *yr = malloc((size_t)T * n * 4), *u = malloc((size_t)T * n * 4);
+  fill(x, (size_t)T * n, 3.0f);
+  fill(w, (size_t)n, 1.0f);
+  fill(u, (size_t)T * n, 1.0f);
+  kvl__cu_sim_rmsnorm(x, w, y, T, n, 1e-6f);
+  kvl_rmsnorm_ref(x, w, yr, T, n, 1e-6f);
+  report("rmsnorm", "7x1536", "", nmse(y, yr, (size_t)T * n), 1e-10);
+  kvl__cu_sim_swiglu(x, u, y, (int64_t)T * n);
+  kvl_swiglu_ref(x, u, yr, (int64_t)T * n);
+  report("swiglu", "7x1536", "", nmse(y, yr, (size_t)T * n), 1e-10);
+  struct kvl_rope r;
+  CHECK_EQ_INT(kvl_rope_init(&r, 128, 1e6f), 0);
+  const int heads = 12;
+  int32_t pos[7] = {0, 1, 17, 511, 4096, 16383, 32767};
+  float *q = malloc((size_t)T * heads * 128 * 4), *qr = malloc((size_t)T * heads * 128 * 4);
+  fill(q, (size_t)T * heads * 128, 1.0f);
+  memcpy(qr, q, (size_t)T * heads * 128 * 4);
+  for (int inv = 0; inv < 2; inv++) {
+    kvl__cu_sim_rope(&r, q, pos, T, heads, inv);
+    kvl_rope_ref(&r, qr, pos, T, heads, inv);
+    report("rope", inv ? "inverse, 12 heads x 128" : "12 heads x 128, pos <= 32767", "",
+           nmse(q, qr, (size_t)T * heads * 128), 1e-10);
+  }
+  free(x), free(w), free(y), free(yr), free(u), free(q), free(qr);
+}
+
+int main(void) {
+  RUN(test_elementwise);
+  RUN(test_attention);
+  return TEST_EXIT();
+}
