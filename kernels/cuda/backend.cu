@@ -13,8 +13,13 @@
  * makes every op checkable against the CPU and a whole forward pass run as it is; a
  * forward with device-resident activations and a device KV pool (the hot tier on the GPU,
  * the cold tier in pinned host memory) is the next step and needs the engine to keep
- * its buffers on the backend. */
+ * its buffers on the backend.
+ *
+ * Compiled for the CPU too (sim-backend.cc, KVL_CUDA_SIM: sim.h's runtime and cuBLASLt
+ * subsets, the kernels under its execution model), where it is kvl_backend_cuda_sim. */
+#ifndef KVL_CUDA_SIM
 #include <cublasLt.h>
+#endif
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +31,8 @@ extern "C" {
 #include "kvl_error.h"
 #include "kvl_quant.h" /* kvl_fp32_to_bf16: the rounding the CPU's bf16 paths use */
 }
+
+KVL_CU_BEGIN
 
 void kvl__cuda_fail(const char *what, cudaError_t e, const char *file, int line) {
   fprintf(stderr, "kvlingo: CUDA call failed at %s:%d: %s: %s\n", file, line, what, cudaGetErrorString(e));
@@ -754,7 +761,7 @@ static void init(void) {
   be_cuda.ops = &cuda_ops;
 }
 
-extern "C" kvl_backend_t *kvl_backend_cuda(char *why, size_t whylen) {
+extern "C" kvl_backend_t *KVL_CU_ENTRY(kvl_backend_cuda)(char *why, size_t whylen) {
   pthread_once(&once, init);
   if (!be_cuda.ops) {
     if (why && whylen) snprintf(why, whylen, "%.*s", (int)(whylen - 1), init_err);
@@ -763,4 +770,6 @@ extern "C" kvl_backend_t *kvl_backend_cuda(char *why, size_t whylen) {
   return &be_cuda;
 }
 
-extern "C" size_t kvl_backend_cuda_arena_bytes(void) { return A.size; }
+extern "C" size_t KVL_CU_ENTRY(kvl_backend_cuda_arena_bytes)(void) { return A.size; }
+
+KVL_CU_END

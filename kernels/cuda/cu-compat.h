@@ -5,12 +5,21 @@
 #ifndef KVL_CU_COMPAT_H
 #define KVL_CU_COMPAT_H
 
+/* KVL_CU_BEGIN / KVL_CU_END enclose the backend's C++ code: in the CPU build, namespace
+ * kvl_cusim, so that a program may link both (tests/gpu/test-cuda-ops --sim); its C entry
+ * points take KVL_CU_ENTRY's names (kvl_backend_cuda_sim, ...). */
 #ifdef KVL_CUDA_SIM
 #include "sim.h"
+#define KVL_CU_BEGIN namespace kvl_cusim {
+#define KVL_CU_END }
+#define KVL_CU_ENTRY(name) name##_sim
 #else
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define KVL_LAUNCH(k, grid, block, st, ...) k<<<grid, block, 0, st>>>(__VA_ARGS__)
+#define KVL_CU_BEGIN
+#define KVL_CU_END
+#define KVL_CU_ENTRY(name) name
 #endif
 
 #endif

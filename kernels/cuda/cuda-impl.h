@@ -13,6 +13,8 @@ extern "C" {
 #include "../backend-impl.h"
 }
 
+KVL_CU_BEGIN
+
 /* A failed CUDA call is a broken device or a bug, not a client's mistake: say which call
  * and where, and stop (as KVL_ASSERT does). */
 void kvl__cuda_fail(const char *what, cudaError_t e, const char *file, int line);
@@ -81,5 +83,7 @@ void kvl__cu_tr_gather(const void *blocks, const kvl__cu_kv_geom *g, const int32
 void kvl__cu_tr_fill(float *y, const float *bias, int n, int w, cudaStream_t st);
 void kvl__cu_tr_store(const float *y, void *blocks, const kvl__cu_kv_geom *g, const int32_t *blk, const int32_t *slot,
                       const int32_t *pos, const float *inv_freq, int layer, bool keys, int n, cudaStream_t st);
+
+KVL_CU_END
 
 #endif

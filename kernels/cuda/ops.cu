@@ -13,6 +13,8 @@ extern "C" {
 #include "kvl_error.h"
 }
 
+KVL_CU_BEGIN
+
 static inline unsigned blocks_for(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
 
 __global__ void k_to_bf16(const float *x, __nv_bfloat16 *y, int64_t n) {
@@ -482,3 +484,5 @@ void kvl__cu_tr_store(const float *y, void *blocks, const kvl__cu_kv_geom *g, co
   else
     KVL_LAUNCH(k_tr_store<float>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, layer, keys);
 }
+
+KVL_CU_END

@@ -7,6 +7,8 @@
 
 #include "sim-ops.h"
 
+using namespace kvl_cusim;
+
 extern "C" void kvl__cu_sim_attention(const struct kvl_attn_args *a, int n_sm, char *plan, size_t planlen) {
   kvl__cu_attn_stage sg;
   KVL_ASSERT(kvl__cu_attn_stage_make(a, &sg) == 0);

@@ -14,6 +14,10 @@
 extern "C" {
 #endif
 
+/* The whole CUDA backend on the CPU (sim-backend.cc), for tests/gpu/test-cuda-ops --sim:
+ * kvl_backend_cuda's contract, device "kvl_sim". */
+kvl_backend_t *kvl_backend_cuda_sim(char *why, size_t whylen);
+
 /* The attention op as backend.cu runs it (staging, plan for n_sm multiprocessors, the
  * kernels); the plan it took described in plan ("tiled tiles=3 hpc=1 split=1x96", ...). */
 void kvl__cu_sim_attention(const struct kvl_attn_args *a, int n_sm, char *plan, size_t planlen);

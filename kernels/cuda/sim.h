@@ -42,9 +42,77 @@ struct alignas(16) float4 {
   float x, y, z, w;
 };
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+/* The runtime API's subset the backend (backend.cu) calls: "device" memory is host
+ * memory, copies are memcpy, a stream runs each call to its end (synchronous). One device,
+ * named "kvl_sim", compute 9.0, 132 multiprocessors (an H100's), 4 GiB free. */
 struct kvl_sim_stream;
 typedef kvl_sim_stream *cudaStream_t;
-typedef int cudaError_t;
+enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidDevice = 101 };
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
+enum { cudaStreamNonBlocking = 1 };
+struct cudaDeviceProp {
+  char name[256];
+  int major, minor, multiProcessorCount;
+};
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev);
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
+cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t st);
+cudaError_t cudaStreamSynchronize(cudaStream_t st);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *st, unsigned flags);
+cudaError_t cudaGetLastError(void);
+const char *cudaGetErrorString(cudaError_t e);
+
+/* cuBLASLt's subset (cublasLt.h): column-major D = alpha op(A) op(B) + beta C with bf16 or
+ * fp32 A and B and fp32 C = D, computed in fp32 (OpenBLAS's sgemm on the inputs widened to
+ * fp32: bf16 x bf16 products are exact in fp32, the sums in fp32, as CUBLAS_COMPUTE_32F). */
+enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_SUPPORTED = 15 };
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
+enum cublasLtMatmulDescAttributes_t { CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4 };
+enum cublasLtMatmulPreferenceAttributes_t { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 };
+struct kvl_sim_lt;
+struct kvl_sim_desc {
+  cublasOperation_t ta, tb;
+};
+struct kvl_sim_layout {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+typedef kvl_sim_lt *cublasLtHandle_t;
+typedef kvl_sim_desc *cublasLtMatmulDesc_t;
+typedef kvl_sim_layout *cublasLtMatrixLayout_t;
+typedef struct kvl_sim_pref *cublasLtMatmulPreference_t;
+struct cublasLtMatmulAlgo_t {
+  uint64_t data[8];
+};
+struct cublasLtMatmulHeuristicResult_t {
+  cublasLtMatmulAlgo_t algo;
+};
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h);
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t ct, cudaDataType_t scale);
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v,
+                                              size_t n);
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d);
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t t, uint64_t rows, uint64_t cols,
+                                          int64_t ld);
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l);
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p);
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a, const void *v, size_t n);
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p);
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t dl, cublasLtMatmulPreference_t p, int want,
+                                              cublasLtMatmulHeuristicResult_t *r, int *found);
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t la, const void *B, cublasLtMatrixLayout_t lb, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes, cudaStream_t st);
 
 extern thread_local dim3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;

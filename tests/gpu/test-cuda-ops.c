@@ -1,9 +1,11 @@
 /* test-cuda-ops.c — the CUDA backend against the CPU: every op on the shapes of the kernel
  * harness (unit/test-backend-ops.c), then, given a model file, a whole forward pass.
  * Exit 77 (skipped) where kvl_backend_cuda() has no device: the `gpu` suite runs
- * everywhere and is skipped, not failed, on machines without a GPU.
+ * everywhere and is skipped, not failed, on machines without a GPU. With --sim, the same
+ * checks on kvl_backend_cuda_sim(): backend.cu and ops.cu compiled for the CPU
+ * (kernels/cuda/sim.h), the unit suite's cuda-ops-sim, on every machine.
  *
- *   test-cuda-ops [MODEL.gguf]
+ *   test-cuda-ops [--sim] [MODEL.gguf]
  *
  * Bounds: the GEMMs take bf16 weights and activations with fp32 accumulation, so matmul
  * and embedding are held to bf16's relative precision (normalised squared error 1e-4 and
@@ -23,6 +25,7 @@
 #include "kvl_model.h"
 #include "kvl_quant.h"
 #include "kvl_translator.h"
+#include "sim-ops.h"
 
 static kvl_backend_t *cu;
 static int n_bad;
@@ -333,7 +336,9 @@ static void test_model(const char *path) {
 
 int main(int argc, char **argv) {
   char why[256];
-  cu = kvl_backend_cuda(why, sizeof(why));
+  const bool sim = argc > 1 && !strcmp(argv[1], "--sim");
+  const char *model = argc > 1 + sim ? argv[1 + sim] : NULL;
+  cu = sim ? kvl_backend_cuda_sim(why, sizeof(why)) : kvl_backend_cuda(why, sizeof(why));
   if (!cu) {
     printf("skipped: %s\n", why);
     return 77;
@@ -345,9 +350,9 @@ int main(int argc, char **argv) {
   RUN(test_embed);
   RUN(test_attention);
   RUN(test_translate);
-  if (argc > 1) {
+  if (model) {
     int before = kvl_test_failed;
-    test_model(argv[1]);
+    test_model(model);
     printf("%s test_model\n", kvl_test_failed == before ? "ok  " : "FAIL");
   }
   printf("%d op checks failed\n", n_bad);
