@@ -29,9 +29,9 @@
 #endif
 #endif
 
-/* Save the callee-saved registers, MXCSR and the x87 control word on this stack, store
- * its pointer in *from, continue on `to` (a stack saved the same way, or made by
- * fiber_stack). */
+/* Save the callee-saved registers on this stack, store its pointer in *from, continue on
+ * `to` (a stack saved the same way, or made by fiber_stack). The FP control words are not
+ * switched: every fiber runs on the launching thread and none changes them. */
 extern "C" void kvl_sim_switch(void **from, void *to);
 __asm__(".text\n"
         ".globl kvl_sim_switch\n"
@@ -43,14 +43,8 @@ __asm__(".text\n"
         "  pushq %r13\n"
         "  pushq %r14\n"
         "  pushq %r15\n"
-        "  subq $8, %rsp\n"
-        "  stmxcsr (%rsp)\n"
-        "  fnstcw 4(%rsp)\n"
         "  movq %rsp, (%rdi)\n"
         "  movq %rsi, %rsp\n"
-        "  ldmxcsr (%rsp)\n"
-        "  fldcw 4(%rsp)\n"
-        "  addq $8, %rsp\n"
         "  popq %r15\n"
         "  popq %r14\n"
         "  popq %r13\n"
@@ -88,7 +82,7 @@ struct warp_ctx {
   uint64_t slot[32];
 };
 
-std::vector<fiber> fibers; /* stacks kept from launch to launch */
+std::vector<fiber> fibers;
 std::vector<warp_ctx> warps;
 barrier block_bar;
 void *main_sp;
@@ -148,22 +142,33 @@ void drop(barrier &b) {
   abort(); /* never resumed */
 }
 
-/* a fresh stack whose first switch "returns" into entry(): the control words, six zero
- * registers, then entry's address, 16-byte aligned as after a call */
+/* a fresh stack whose first switch "returns" into entry(): six zero registers, then
+ * entry's address, 16-byte aligned as after a call */
 void *fiber_stack(char *stack) {
   uintptr_t top = ((uintptr_t)(stack + STACK_BYTES)) & ~(uintptr_t)15;
   uint64_t *sp = (uint64_t *)(top - 16);
   sp[0] = (uint64_t)(uintptr_t)&entry;
   sp[1] = 0;
-  sp -= 7;
-  for (int i = 0; i < 7; i++) sp[i] = 0;
-  uint32_t mxcsr;
-  uint16_t fpcw;
-  __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
-  __asm__ volatile("fnstcw %0" : "=m"(fpcw));
-  memcpy(sp, &mxcsr, 4);
-  memcpy((char *)sp + 4, &fpcw, 2);
+  sp -= 6;
+  for (int i = 0; i < 6; i++) sp[i] = 0;
   return sp;
+}
+
+/* Stacks: a fiber takes one when it first runs and gives it back when it ends, so the
+ * threads of a kernel without barriers run one after another on the same stack. */
+std::vector<char *> spare;
+char *stack_take() {
+  if (spare.empty()) {
+    void *s = mmap(nullptr, STACK_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (s == MAP_FAILED) {
+      fprintf(stderr, "kvl_sim: no memory for a fiber's stack\n");
+      abort();
+    }
+    return (char *)s;
+  }
+  char *s = spare.back();
+  spare.pop_back();
+  return s;
 }
 
 } // namespace
@@ -184,14 +189,7 @@ uint64_t exchange(uint64_t bits, int src) {
 void run(dim3 grid, dim3 block, const std::function<void()> &fn) {
   gridDim = grid, blockDim = block;
   const int nt = (int)(block.x * block.y * block.z);
-  while ((int)fibers.size() < nt) {
-    void *s = mmap(nullptr, STACK_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (s == MAP_FAILED) {
-      fprintf(stderr, "kvl_sim: no memory for a fiber's stack\n");
-      abort();
-    }
-    fibers.push_back(fiber{nullptr, (char *)s, false, nullptr});
-  }
+  if ((int)fibers.size() < nt) fibers.resize((size_t)nt, fiber{nullptr, nullptr, false, nullptr});
   body = &fn;
   for (unsigned bz = 0; bz < grid.z; bz++)
     for (unsigned by = 0; by < grid.y; by++)
@@ -203,23 +201,21 @@ void run(dim3 grid, dim3 block, const std::function<void()> &fn) {
           warps[w].size = left < 32 ? left : 32;
           warps[w].bar = barrier{warps[w].size, 0, 0};
         }
-        for (int i = 0; i < nt; i++) {
-          fibers[(size_t)i].sp = fiber_stack(fibers[(size_t)i].stack);
-          fibers[(size_t)i].done = false;
-        }
+        for (int i = 0; i < nt; i++) fibers[(size_t)i].stack = nullptr, fibers[(size_t)i].done = false;
         blockIdx = dim3(bx, by, bz);
         for (int live = nt; live > 0;) {
           progress = false;
           for (int i = 0; i < nt; i++) {
             fiber &f = fibers[(size_t)i];
             if (f.done) continue;
+            if (!f.stack) f.stack = stack_take(), f.sp = fiber_stack(f.stack);
             cur = i;
             threadIdx = dim3(i % block.x, i / block.x % block.y, i / (block.x * block.y));
             void *fake = nullptr;
             asan_start(&fake, f.stack, STACK_BYTES);
             kvl_sim_switch(&main_sp, f.sp);
             asan_finish(fake, nullptr, nullptr);
-            if (f.done) live--;
+            if (f.done) live--, spare.push_back(f.stack);
           }
           if (!progress && live > 0) {
             fprintf(stderr, "kvl_sim: deadlock in block (%u,%u,%u): %d threads wait at barriers that cannot open\n",
