@@ -20,6 +20,8 @@
 
 #include "../kvl_test.h"
 #include "../ops_fixtures.h"
+#include "../tiny_fingerprint.h"
+#include "../tiny_model.h"
 #include "kvl_error.h"
 #include "kvl_kernels.h"
 #include "kvl_model.h"
@@ -277,6 +279,102 @@ static void test_translate(void) {
   kvl_translator_free(t);
 }
 
+/* log-probabilities of two logit rows compared: the largest difference, and each argmax */
+static double logprob_gap(const float *a, const float *b, int n, int am[2]) {
+  const float *lg[2] = {a, b};
+  double lse[2], worst = 0;
+  for (int k = 0; k < 2; k++) {
+    double mx = -INFINITY, sum = 0;
+    am[k] = 0;
+    for (int i = 0; i < n; i++)
+      if (lg[k][i] > mx) mx = lg[k][i], am[k] = i;
+    for (int i = 0; i < n; i++) sum += exp(lg[k][i] - mx);
+    lse[k] = mx + log(sum);
+  }
+  for (int i = 0; i < n; i++) worst = fmax(worst, fabs((b[i] - lse[1]) - (a[i] - lse[0])));
+  return worst;
+}
+
+/* ---- an end-to-end translated switch (tiny models) ----------------------------------
+ * The multi-turn protocol's switch on one backend: model A (2 layers) prefills a 40-token
+ * prompt, its cache at positions 0..38 is translated into model B's (3 layers, other
+ * weights; a random affine translator, nu = 4) and B decodes position 39 from it: on the
+ * CUDA backend (its translate op, its forward), and on the CPU (the host apply). B's
+ * log-probabilities compared as the whole-model check's (bound 0.5, same argmax). */
+static void switch_on(kvl_backend_t *be, kvl_model_t *A, kvl_model_t *B, const kvl_translator_t *t,
+                      const int32_t *ids, int T, float *logits) { /* t NULL: B's cache left empty */
+  const struct kvl_model_hparams *ha = kvl_model_hparams(A), *hb = kvl_model_hparams(B);
+  struct kvl_kv_layout la = kvl_model_kv_layout(A, KVL_KV_BF16), lb = kvl_model_kv_layout(B, KVL_KV_BF16);
+  const int nb = (T + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK;
+  int32_t ta[8], tb[8], pos[64], seq[64] = {0};
+  for (int b = 0; b < nb; b++) ta[b] = (b * 3 + 1) % nb, tb[b] = nb - 1 - b; /* scattered */
+  for (int i = 0; i < T; i++) pos[i] = i;
+  void *pa = calloc((size_t)nb, kvl_kv_block_bytes(&la)), *pb = calloc((size_t)nb, kvl_kv_block_bytes(&lb));
+  const int32_t *tabs_a[] = {ta}, *tabs_b[] = {tb};
+  struct kvl_kv_view kva = {&la, pa, tabs_a}, kvb = {&lb, pb, tabs_b};
+  struct kvl_batch prompt = {T, ids, pos, seq, NULL};
+  CHECK_EQ_INT(kvl_model_forward(A, be, &prompt, &kva, NULL, NULL), 0);
+  struct kvl_rope ra, rb;
+  CHECK_EQ_INT(kvl_rope_init(&ra, ha->head_dim, ha->rope_theta), 0);
+  CHECK_EQ_INT(kvl_rope_init(&rb, hb->head_dim, hb->rope_theta), 0);
+  struct kvl_translate_span span = {&la, pa, ta, &ra, pos, &lb, pb, tb, &rb, pos, T - 1};
+  char err[256] = "";
+  const int rc = t ? kvl_translator_apply_on(t, be, &span, err, sizeof(err)) : 0;
+  if (rc) printf("FAIL switch: %s\n", err);
+  CHECK_EQ_INT(rc, 0);
+  int8_t want = 1;
+  struct kvl_batch last = {1, ids + T - 1, pos + T - 1, seq, &want};
+  CHECK_EQ_INT(kvl_model_forward(B, be, &last, &kvb, logits, NULL), 0);
+  free(pa), free(pb);
+}
+
+static void test_switch(void) {
+  struct tiny_opts oa = {.n_layer = 2, .seed = 11}, ob = {.n_layer = 3, .seed = 12};
+  void *ba, *bb;
+  kvl_model_t *A = tiny_model_load(&oa, &ba), *B = tiny_model_load(&ob, &bb);
+  struct kvl_model_fingerprint fa, fb;
+  tiny_fingerprint(A, &fa);
+  tiny_fingerprint(B, &fb);
+  kvl_translator_t *t;
+  char err[256];
+  CHECK_EQ_INT(kvl_translator_new(&fa, &fb, true, &t, err, sizeof(err)), 0);
+  const struct kvl_model_hparams *ha = kvl_model_hparams(A), *hb = kvl_model_hparams(B);
+  const int64_t ws = ha->n_kv_head * ha->head_dim, wd = hb->n_kv_head * hb->head_dim, rows = 2 * ws + 1;
+  float *map = malloc((size_t)(rows * wd) * sizeof(float));
+  const int32_t src[2] = {0, 1};
+  for (int l = 0; l < hb->n_layer; l++)
+    for (int w = 0; w < 2; w++) {
+      fill(map, (size_t)(rows * wd), 1.0f / sqrtf((float)(2 * ws)));
+      CHECK_EQ_INT(kvl_translator_set_map(t, l, w ? KVL_TRANSLATOR_V : KVL_TRANSLATOR_K, src, 2, map), 0);
+    }
+  free(map);
+  enum { T = 40 };
+  int32_t ids[T];
+  unsigned long long r = 5;
+  for (int i = 0; i < T; i++) ids[i] = (int32_t)(kvl_test_rand(&r) % (unsigned long long)ha->n_vocab);
+  float *lg_gpu = malloc((size_t)hb->n_vocab * 4), *lg_cpu = malloc((size_t)hb->n_vocab * 4);
+  switch_on(cu, A, B, t, ids, T, lg_gpu);
+  switch_on(kvl_backend_cpu(), A, B, t, ids, T, lg_cpu);
+  int am[2];
+  const double worst = logprob_gap(lg_cpu, lg_gpu, hb->n_vocab, am);
+  const bool ok = worst <= 0.5 && am[0] == am[1];
+  printf("%s switch     %-40s max |d log-prob| %.3f (bound 0.5), argmax %d / %d\n", ok ? "ok  " : "FAIL",
+         "tiny 2 -> 3 layers, 39 translated + 1", worst, am[0], am[1]);
+  if (!ok) n_bad++;
+  CHECK(worst <= 0.5);
+  CHECK(am[0] == am[1]);
+  /* and the translated cache matters: B over an empty one answers otherwise */
+  switch_on(kvl_backend_cpu(), A, B, NULL, ids, T, lg_gpu);
+  const double moved = logprob_gap(lg_cpu, lg_gpu, hb->n_vocab, am);
+  printf("%s switch     %-40s max |d log-prob| %.3f against an empty cache (at least 0.05)\n",
+         moved >= 0.05 ? "ok  " : "FAIL", "tiny 2 -> 3 layers, 39 translated + 1", moved);
+  CHECK(moved >= 0.05);
+  free(lg_gpu), free(lg_cpu);
+  kvl_translator_free(t);
+  kvl_model_free(A), kvl_model_free(B);
+  free(ba), free(bb);
+}
+
 /* A 64-token prompt through the whole model on the CPU and on the GPU: the last
  * position's log-probabilities. */
 static void test_model(const char *path) {
@@ -315,17 +413,8 @@ static void test_model(const char *path) {
       return;
     }
   }
-  double worst = 0, lse[2];
-  int am[2] = {0, 0};
-  for (int b = 0; b < 2; b++) {
-    double mx = -INFINITY, sum = 0;
-    for (int i = 0; i < hp->n_vocab; i++) {
-      if (lg[b][i] > mx) mx = lg[b][i], am[b] = i;
-    }
-    for (int i = 0; i < hp->n_vocab; i++) sum += exp(lg[b][i] - mx);
-    lse[b] = mx + log(sum);
-  }
-  for (int i = 0; i < hp->n_vocab; i++) worst = fmax(worst, fabs((lg[1][i] - lse[1]) - (lg[0][i] - lse[0])));
+  int am[2];
+  const double worst = logprob_gap(lg[0], lg[1], hp->n_vocab, am);
   printf("%s model      %-40s max |d log-prob| %.3f (bound 0.5), argmax %d / %d\n",
          worst <= 0.5 && am[0] == am[1] ? "ok  " : "FAIL", path, worst, am[0], am[1]);
   CHECK(worst <= 0.5);
@@ -350,6 +439,7 @@ int main(int argc, char **argv) {
   RUN(test_embed);
   RUN(test_attention);
   RUN(test_translate);
+  RUN(test_switch);
   if (model) {
     int before = kvl_test_failed;
     test_model(model);
