@@ -43,7 +43,8 @@ struct alignas(16) float4 {
 };
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 /* The runtime API's subset the backend (backend.cu) calls: "device" memory is host
- * memory, copies are memcpy, a stream runs each call to its end (synchronous). One device,
+ * memory; kernels and copies to the device run at once, copies to the host land at the
+ * next cudaStreamSynchronize (a host read before it sees the old bytes). One device,
  * named "kvl_sim", compute 9.0, 132 multiprocessors (an H100's), 4 GiB free. */
 struct kvl_sim_stream;
 typedef kvl_sim_stream *cudaStream_t;
