@@ -14,10 +14,6 @@
 #include "kvl_error.h"
 #include "model-impl.h"
 
-static void add_inplace(float *h, const float *d, size_t n) {
-  for (size_t i = 0; i < n; i++) h[i] += d[i];
-}
-
 /* y = x·Wᵀ with the rows of the attention sink (sink[t]) through `sb`, one row per product
  * (so a sink row's numerics never depend on how many prompts started in its batch), and
  * the others through `be` in runs of consecutive rows. */
@@ -106,7 +102,12 @@ static int forward_rows(kvl_model_t *m, kvl_backend_t *be, kvl_backend_t *hb, kv
   for (size_t i = 0; i < 8; i++) { slot[i] = p; p += sizes[i]; }
   float *h = slot[0], *x = slot[1], *q = slot[2], *k = slot[3], *v = slot[4], *att = slot[5];
   float *gate = slot[6], *up = slot[7];
+  KVL_ASSERT(v == k + (size_t)T * KV); /* one fetch brings both to the host */
 
+  /* the layers' activations may stay on be's device (kvl_backend_begin): the host reads
+   * k and v only after fetching them, and writes h through kvl_add */
+  const size_t kv_bytes = (size_t)T * KV * sizeof(float);
+  kvl_backend_begin(be);
   kvl_embed(be, &m->tok_embd, b->tokens, h, T);
   for (int il = 0; il < hp->n_layer; il++) {
     const struct kvl_layer *L = &m->layers[il];
@@ -117,11 +118,13 @@ static int forward_rows(kvl_model_t *m, kvl_backend_t *be, kvl_backend_t *hb, kv
     if (cap)
       for (int c = 0; c < cap->n_layers; c++)
         if (cap->layers[c] == il) {
-          if (cap->k_pre && cap->k_pre[c]) memcpy(cap->k_pre[c], k, (size_t)T * KV * sizeof(float));
-          if (cap->v && cap->v[c]) memcpy(cap->v[c], v, (size_t)T * KV * sizeof(float));
+          kvl_backend_fetch(be, k, 2 * kv_bytes);
+          if (cap->k_pre && cap->k_pre[c]) memcpy(cap->k_pre[c], k, kv_bytes);
+          if (cap->v && cap->v[c]) memcpy(cap->v[c], v, kv_bytes);
         }
     kvl_rope(be, &m->rope, q, b->pos, T, H, false);
     kvl_rope(be, &m->rope, k, b->pos, T, hp->n_kv_head, false);
+    kvl_backend_fetch(be, k, 2 * kv_bytes); /* k and v: adjacent slots, one wait */
     kvl_kv_store(kv->layout, kv->base, il, T, k, v, b->pos, b->seq, kv->block_tables);
     for (int t = 0; t < T; t++)
       if (fill[t]) {
@@ -132,14 +135,15 @@ static int forward_rows(kvl_model_t *m, kvl_backend_t *be, kvl_backend_t *hb, kv
                               1.0f / sqrtf((float)D)};
     kvl_attention(be, &a);
     matmul_rows(be, sb, sink, &L->wo, att, x, T);
-    add_inplace(h, x, (size_t)T * E);
+    kvl_add(be, h, x, (int64_t)T * E);
     kvl_rmsnorm(be, h, L->ffn_norm, x, T, E, hp->rms_eps);
     matmul_rows(be, sb, sink, &L->w_gate, x, gate, T);
     matmul_rows(be, sb, sink, &L->w_up, x, up, T);
     kvl_swiglu(be, gate, up, gate, (int64_t)T * F);
     matmul_rows(be, sb, sink, &L->w_down, gate, x, T);
-    add_inplace(h, x, (size_t)T * E);
+    kvl_add(be, h, x, (int64_t)T * E);
   }
+  kvl_backend_end(be);
   /* gather the rows that want logits, normalise, project */
   int n_out = 0;
   for (int t = 0; t < T; t++)

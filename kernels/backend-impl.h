@@ -16,6 +16,14 @@ struct kvl_backend_ops {
   void (*attention)(kvl_backend_t *be, const struct kvl_attn_args *a);
   /* optional (NULL: translator/apply.c translates on the host) */
   int (*translate)(kvl_backend_t *be, const struct kvl_tr_args *a, char *err, size_t errlen);
+  /* optional (NULL: h += x on the host) */
+  void (*add)(kvl_backend_t *be, float *h, const float *x, int64_t n);
+  /* optional, all three or none (NULL: the backend keeps no activations; kvl_kernels.h) */
+  void (*begin)(kvl_backend_t *be);
+  void (*fetch)(kvl_backend_t *be, const void *p, size_t bytes);
+  void (*end)(kvl_backend_t *be);
+  /* optional (NULL: no device) */
+  bool (*traffic)(const kvl_backend_t *be, struct kvl_backend_traffic *t);
 };
 
 /* Vector primitives of one SIMD level (cpu/simd_*.c). All lengths in elements. */

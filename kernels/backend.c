@@ -58,6 +58,31 @@ void kvl_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   be->ops->attention(be, a);
 }
 
+void kvl_add(kvl_backend_t *be, float *h, const float *x, int64_t n) {
+  if (be->ops->add) {
+    be->ops->add(be, h, x, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) h[i] += x[i];
+}
+
+void kvl_backend_begin(kvl_backend_t *be) {
+  if (be->ops->begin) be->ops->begin(be);
+}
+
+void kvl_backend_fetch(kvl_backend_t *be, const void *p, size_t bytes) {
+  if (be->ops->fetch) be->ops->fetch(be, p, bytes);
+}
+
+void kvl_backend_end(kvl_backend_t *be) {
+  if (be->ops->end) be->ops->end(be);
+}
+
+bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t) {
+  *t = (struct kvl_backend_traffic){0};
+  return be->ops->traffic && be->ops->traffic(be, t);
+}
+
 bool kvl_backend_can_translate(const kvl_backend_t *be) { return be && be->ops->translate; }
 
 int kvl_backend_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *err, size_t errlen) {

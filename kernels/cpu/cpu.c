@@ -880,8 +880,13 @@ static void ref_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   kvl_attention_ref(a);
 }
 
-static const struct kvl_backend_ops ref_ops = {ref_supports, ref_matmul, ref_rmsnorm, ref_rope,
-                                               ref_swiglu, ref_embed, ref_attention, NULL};
+static const struct kvl_backend_ops ref_ops = {.supports = ref_supports,
+                                               .matmul = ref_matmul,
+                                               .rmsnorm = ref_rmsnorm,
+                                               .rope = ref_rope,
+                                               .swiglu = ref_swiglu,
+                                               .embed = ref_embed,
+                                               .attention = ref_attention};
 static kvl_backend_t be_ref = {.name = "ref", .ops = &ref_ops, .simd = &kvl__simd_scalar};
 
 kvl_backend_t *kvl_backend_ref(void) { return &be_ref; }

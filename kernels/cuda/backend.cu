@@ -150,10 +150,166 @@ static void *dalloc(size_t bytes) {
   return p;
 }
 
+/* the stream's copies and waits, counted (kvl_backend_traffic) */
+static struct kvl_backend_traffic T_;
+
+static void to_dev(void *d, const void *h, size_t bytes) {
+  KVL_CK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, S_.st));
+  T_.copies_in++, T_.bytes_in += bytes;
+}
+
+static void to_host(void *h, const void *d, size_t bytes) {
+  KVL_CK(cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, S_.st));
+  T_.copies_out++, T_.bytes_out += bytes;
+}
+
+static void wait_stream(void) {
+  KVL_CK(cudaStreamSynchronize(S_.st));
+  T_.waits++;
+}
+
 static void *upload(const void *h, size_t bytes) {
   void *d = dalloc(bytes);
-  KVL_CK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, S_.st));
+  to_dev(d, h, bytes);
   return d;
+}
+
+/* ---- activations kept on the device (kvl_backend_begin .. kvl_backend_end) ----------
+ * While the owner thread is between begin and end, an op's output lands in a mirror of
+ * the host range it names (a device slice), marked newer than the host, and is not copied
+ * back; an op reading a range inside a mirror takes the device's bytes. fetch copies the
+ * overlapping newer mirrors to the host (and waits); end does so for all and drops them.
+ * A range that overlaps a mirror only partly is settled first (the mirror copied back and
+ * dropped). Everything under S_.mu. */
+struct mirror {
+  char *host, *dev;
+  size_t bytes;
+  bool newer; /* the device's bytes are newer than the host's */
+};
+static struct {
+  struct mirror *m;
+  int n, cap, depth;
+  pthread_t owner;
+} M_;
+
+static bool keeping(void) { return M_.depth > 0 && pthread_equal(M_.owner, pthread_self()); }
+
+static bool overlaps(const struct mirror *m, const char *h, size_t n) {
+  return h < m->host + m->bytes && m->host < h + n;
+}
+
+/* the newer mirrors overlapping [h, h + n) (every one: h NULL) copied to the host and
+ * waited for; dropped if `drop` */
+static void mirrors_settle(const char *h, size_t n, bool drop) {
+  bool copied = false;
+  for (int i = 0; i < M_.n; i++)
+    if ((!h || overlaps(&M_.m[i], h, n)) && M_.m[i].newer) {
+      to_host(M_.m[i].host, M_.m[i].dev, M_.m[i].bytes);
+      copied = true;
+    }
+  if (copied) wait_stream();
+  for (int i = M_.n - 1; i >= 0; i--) {
+    if (h && !overlaps(&M_.m[i], h, n)) continue;
+    M_.m[i].newer = false;
+    if (drop) {
+      kvl__cuda_free(M_.m[i].dev);
+      M_.m[i] = M_.m[--M_.n];
+    }
+  }
+}
+
+/* the mirror holding [h, h + n) whole, or NULL (any overlapping it partly settled first) */
+static struct mirror *mirror_of(const void *hp, size_t n) {
+  const char *h = (const char *)hp;
+  bool part = false;
+  for (int i = 0; i < M_.n; i++) {
+    if (h >= M_.m[i].host && h + n <= M_.m[i].host + M_.m[i].bytes) return &M_.m[i];
+    part |= overlaps(&M_.m[i], h, n);
+  }
+  if (part) mirrors_settle(h, n, true);
+  return NULL;
+}
+
+static struct mirror *mirror_new(void *h, size_t n) {
+  if (M_.n == M_.cap) {
+    const int cap = M_.cap ? 2 * M_.cap : 32;
+    struct mirror *m = (struct mirror *)realloc(M_.m, (size_t)cap * sizeof(*m));
+    KVL_ASSERT(m);
+    M_.m = m, M_.cap = cap;
+  }
+  struct mirror *m = &M_.m[M_.n++];
+  m->host = (char *)h, m->dev = (char *)dalloc(n), m->bytes = n, m->newer = false;
+  return m;
+}
+
+/* an op's device bytes for a host range: a mirror's (temp false) or a slice of the op's own */
+struct dbuf {
+  char *d;
+  bool temp;
+};
+
+/* an input: its mirror, or uploaded */
+static struct dbuf d_in(const void *h, size_t n) {
+  struct mirror *m = keeping() ? mirror_of(h, n) : NULL;
+  if (m) return {m->dev + ((const char *)h - m->host), false};
+  return {(char *)upload(h, n), true};
+}
+
+/* an output (inout: read first, as RoPE's in-place rotation): kept, its mirror made where
+ * there is none; or a slice the op copies back (d_result) */
+static struct dbuf d_out(void *h, size_t n, bool inout) {
+  if (!keeping()) return {(char *)(inout ? upload(h, n) : dalloc(n)), true};
+  struct mirror *m = mirror_of(h, n);
+  if (!m) {
+    m = mirror_new(h, n);
+    if (inout) to_dev(m->dev, h, n);
+  }
+  m->newer = true;
+  return {m->dev + ((char *)h - m->host), false};
+}
+
+/* the output copied back unless kept */
+static void d_result(struct dbuf b, void *h, size_t n) {
+  if (b.temp) to_host(h, b.d, n);
+}
+
+/* an op's end: its results on the host unless kept (a wait), then its own slices freed
+ * (while keeping, without a wait: later work on the stream runs after the op's) */
+static void d_done(struct dbuf *b, int n) {
+  if (!keeping()) wait_stream();
+  for (int i = 0; i < n; i++)
+    if (b[i].temp) kvl__cuda_free(b[i].d);
+}
+
+static void cu_begin(kvl_backend_t *be) {
+  (void)be;
+  pthread_mutex_lock(&S_.mu);
+  if (M_.depth == 0) M_.depth = 1, M_.owner = pthread_self();
+  else if (pthread_equal(M_.owner, pthread_self())) M_.depth++;
+  /* else another thread keeps its activations: this one's ops copy theirs back */
+  pthread_mutex_unlock(&S_.mu);
+}
+
+static void cu_fetch(kvl_backend_t *be, const void *p, size_t bytes) {
+  (void)be;
+  pthread_mutex_lock(&S_.mu);
+  if (keeping()) mirrors_settle((const char *)p, bytes, false);
+  pthread_mutex_unlock(&S_.mu);
+}
+
+static bool cu_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t) {
+  (void)be;
+  pthread_mutex_lock(&S_.mu);
+  *t = T_;
+  pthread_mutex_unlock(&S_.mu);
+  return true;
+}
+
+static void cu_end(kvl_backend_t *be) {
+  (void)be;
+  pthread_mutex_lock(&S_.mu);
+  if (keeping() && --M_.depth == 0) mirrors_settle(NULL, 0, true);
+  pthread_mutex_unlock(&S_.mu);
 }
 
 /* a weight on the device: bf16 rows x cols, and its bias (fp32) */
@@ -185,7 +341,7 @@ static void make_dweight(const struct kvl_weight *w, struct dweight *d) {
   }
   d->w = (__nv_bfloat16 *)upload(hb, (size_t)w->rows * (size_t)w->cols * sizeof(uint16_t));
   d->bias = w->bias ? (float *)upload(w->bias, (size_t)w->rows * sizeof(float)) : NULL;
-  KVL_CK(cudaStreamSynchronize(S_.st)); /* the host copies are freed next */
+  wait_stream(); /* the host copies are freed next */
   free(row);
   free(hb);
 }
@@ -314,17 +470,13 @@ static void cu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float
   bool is_temp;
   const struct dweight *d = get_dweight(be, w, &temp, &is_temp);
   const size_t xn = (size_t)n_tokens * (size_t)w->cols, yn = (size_t)n_tokens * (size_t)w->rows;
-  float *dx = (float *)upload(x, xn * sizeof(float));
-  __nv_bfloat16 *dxb = (__nv_bfloat16 *)dalloc(xn * sizeof(__nv_bfloat16));
-  float *dy = (float *)dalloc(yn * sizeof(float));
-  kvl__cu_to_bf16(dx, dxb, (int64_t)xn, S_.st);
-  gemm(d->w, dxb, dy, w->rows, w->cols, n_tokens);
-  if (d->bias) kvl__cu_bias(dy, d->bias, n_tokens, w->rows, S_.st);
-  KVL_CK(cudaMemcpyAsync(y, dy, yn * sizeof(float), cudaMemcpyDeviceToHost, S_.st));
-  KVL_CK(cudaStreamSynchronize(S_.st));
-  kvl__cuda_free(dx);
-  kvl__cuda_free(dxb);
-  kvl__cuda_free(dy);
+  struct dbuf b[3] = {d_in(x, xn * sizeof(float)), {(char *)dalloc(xn * sizeof(__nv_bfloat16)), true},
+                      d_out(y, yn * sizeof(float), false)};
+  kvl__cu_to_bf16((const float *)b[0].d, (__nv_bfloat16 *)b[1].d, (int64_t)xn, S_.st);
+  gemm(d->w, (const __nv_bfloat16 *)b[1].d, (float *)b[2].d, w->rows, w->cols, n_tokens);
+  if (d->bias) kvl__cu_bias((float *)b[2].d, d->bias, n_tokens, w->rows, S_.st);
+  d_result(b[2], y, yn * sizeof(float));
+  d_done(b, 3);
   if (is_temp) dweight_free(&temp);
   pthread_mutex_unlock(&S_.mu);
 }
@@ -334,12 +486,12 @@ static void cu_rmsnorm(kvl_backend_t *be, const float *x, const float *w, float 
   if (n_tokens <= 0) return;
   pthread_mutex_lock(&S_.mu);
   const size_t bytes = (size_t)n_tokens * (size_t)n * sizeof(float);
-  float *dx = (float *)upload(x, bytes), *dw = (float *)upload(w, (size_t)n * sizeof(float));
-  kvl__cu_rmsnorm(dx, dw, dx, n_tokens, n, eps, S_.st); /* one block per row: in place is safe */
-  KVL_CK(cudaMemcpyAsync(y, dx, bytes, cudaMemcpyDeviceToHost, S_.st));
-  KVL_CK(cudaStreamSynchronize(S_.st));
-  kvl__cuda_free(dx);
-  kvl__cuda_free(dw);
+  /* one block per row: y may be x */
+  struct dbuf b[3] = {d_in(x, bytes), {(char *)upload(w, (size_t)n * sizeof(float)), true},
+                      d_out(y, bytes, x == y)};
+  kvl__cu_rmsnorm((const float *)b[0].d, (const float *)b[1].d, (float *)b[2].d, n_tokens, n, eps, S_.st);
+  d_result(b[2], y, bytes);
+  d_done(b, 3);
   pthread_mutex_unlock(&S_.mu);
 }
 
@@ -349,15 +501,12 @@ static void cu_rope(kvl_backend_t *be, const struct kvl_rope *r, float *x, const
   if (n_tokens <= 0) return;
   pthread_mutex_lock(&S_.mu);
   const size_t bytes = (size_t)n_tokens * (size_t)n_heads * (size_t)r->head_dim * sizeof(float);
-  float *dx = (float *)upload(x, bytes);
-  int32_t *dp = (int32_t *)upload(pos, (size_t)n_tokens * sizeof(int32_t));
-  float *df = (float *)upload(r->inv_freq, (size_t)(r->head_dim / 2) * sizeof(float));
-  kvl__cu_rope(dx, dp, df, n_tokens, n_heads, r->head_dim, inverse, S_.st);
-  KVL_CK(cudaMemcpyAsync(x, dx, bytes, cudaMemcpyDeviceToHost, S_.st));
-  KVL_CK(cudaStreamSynchronize(S_.st));
-  kvl__cuda_free(dx);
-  kvl__cuda_free(dp);
-  kvl__cuda_free(df);
+  struct dbuf b[3] = {d_out(x, bytes, true), {(char *)upload(pos, (size_t)n_tokens * sizeof(int32_t)), true},
+                      {(char *)upload(r->inv_freq, (size_t)(r->head_dim / 2) * sizeof(float)), true}};
+  kvl__cu_rope((float *)b[0].d, (const int32_t *)b[1].d, (const float *)b[2].d, n_tokens, n_heads, r->head_dim,
+               inverse, S_.st);
+  d_result(b[0], x, bytes);
+  d_done(b, 3);
   pthread_mutex_unlock(&S_.mu);
 }
 
@@ -366,12 +515,24 @@ static void cu_swiglu(kvl_backend_t *be, const float *g, const float *u, float *
   if (n <= 0) return;
   pthread_mutex_lock(&S_.mu);
   const size_t bytes = (size_t)n * sizeof(float);
-  float *dg = (float *)upload(g, bytes), *du = (float *)upload(u, bytes);
-  kvl__cu_swiglu(dg, du, dg, n, S_.st);
-  KVL_CK(cudaMemcpyAsync(y, dg, bytes, cudaMemcpyDeviceToHost, S_.st));
-  KVL_CK(cudaStreamSynchronize(S_.st));
-  kvl__cuda_free(dg);
-  kvl__cuda_free(du);
+  struct dbuf b[3] = {d_in(g, bytes), d_in(u, bytes), {NULL, false}};
+  b[2] = d_out(y, bytes, y == g || y == u); /* elementwise: y may be g or u */
+  kvl__cu_swiglu((const float *)b[0].d, (const float *)b[1].d, (float *)b[2].d, n, S_.st);
+  d_result(b[2], y, bytes);
+  d_done(b, 3);
+  pthread_mutex_unlock(&S_.mu);
+}
+
+static void cu_add(kvl_backend_t *be, float *h, const float *x, int64_t n) {
+  (void)be;
+  if (n <= 0) return;
+  pthread_mutex_lock(&S_.mu);
+  const size_t bytes = (size_t)n * sizeof(float);
+  struct dbuf b[2] = {d_in(x, bytes), {NULL, false}};
+  b[1] = d_out(h, bytes, true);
+  kvl__cu_add((float *)b[1].d, (const float *)b[0].d, n, S_.st);
+  d_result(b[1], h, bytes);
+  d_done(b, 2);
   pthread_mutex_unlock(&S_.mu);
 }
 
@@ -383,13 +544,10 @@ static void cu_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_
   bool is_temp;
   const struct dweight *d = get_dweight(be, t, &temp, &is_temp);
   const size_t bytes = (size_t)n_tokens * (size_t)t->cols * sizeof(float);
-  int32_t *di = (int32_t *)upload(ids, (size_t)n_tokens * sizeof(int32_t));
-  float *dy = (float *)dalloc(bytes);
-  kvl__cu_embed(d->w, di, dy, n_tokens, t->cols, S_.st);
-  KVL_CK(cudaMemcpyAsync(y, dy, bytes, cudaMemcpyDeviceToHost, S_.st));
-  KVL_CK(cudaStreamSynchronize(S_.st));
-  kvl__cuda_free(di);
-  kvl__cuda_free(dy);
+  struct dbuf b[2] = {{(char *)upload(ids, (size_t)n_tokens * sizeof(int32_t)), true}, d_out(y, bytes, false)};
+  kvl__cu_embed(d->w, (const int32_t *)b[0].d, (float *)b[1].d, n_tokens, t->cols, S_.st);
+  d_result(b[1], y, bytes);
+  d_done(b, 2);
   if (is_temp) dweight_free(&temp);
   pthread_mutex_unlock(&S_.mu);
 }
@@ -407,29 +565,27 @@ static void cu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   pthread_mutex_lock(&S_.mu);
   char *dblocks = (char *)dalloc((size_t)(sg.n_local > 0 ? sg.n_local : 1) * sg.slab);
   for (int i = 0; i < sg.n_local; i++)
-    KVL_CK(cudaMemcpyAsync(dblocks + (size_t)i * sg.slab, sg.src[i], sg.slab, cudaMemcpyHostToDevice, S_.st));
+    to_dev(dblocks + (size_t)i * sg.slab, sg.src[i], sg.slab);
   const size_t qbytes = (size_t)a->n_tokens * (size_t)a->n_head * (size_t)a->kv->head_dim * sizeof(float);
   const size_t part = kvl__cu_attn_part_floats(&plan, a);
+  const bool tiled = plan.path == KVL__CU_ATTN_TILED;
+  struct dbuf b[8] = {
+      {dblocks, true},
+      d_in(a->q, qbytes),
+      d_out(a->out, qbytes, false),
+      {part ? (char *)dalloc(part * sizeof(float)) : NULL, part > 0},
+      {(char *)upload(a->pos, (size_t)a->n_tokens * sizeof(int32_t)), true},
+      {(char *)upload(a->seq, (size_t)a->n_tokens * sizeof(int32_t)), true},
+      {tiled ? (char *)upload(tiles, ((size_t)plan.n_tiles + 1) * sizeof(int32_t)) : NULL, tiled},
+      {(char *)upload(sg.tables, (size_t)sg.n_seq * (size_t)sg.max_blocks * sizeof(int32_t)), true}};
   kvl__cu_attn_dev dv = {};
-  dv.q = (const float *)upload(a->q, qbytes);
-  dv.out = (float *)dalloc(qbytes);
-  dv.part = part ? (float *)dalloc(part * sizeof(float)) : NULL;
-  dv.pos = (const int32_t *)upload(a->pos, (size_t)a->n_tokens * sizeof(int32_t));
-  dv.seq = (const int32_t *)upload(a->seq, (size_t)a->n_tokens * sizeof(int32_t));
-  dv.tiles = plan.path == KVL__CU_ATTN_TILED
-                 ? (const int32_t *)upload(tiles, ((size_t)plan.n_tiles + 1) * sizeof(int32_t))
-                 : NULL;
-  dv.tables = (const int32_t *)upload(sg.tables, (size_t)sg.n_seq * (size_t)sg.max_blocks * sizeof(int32_t));
-  dv.blocks = dblocks;
-  dv.max_blocks = sg.max_blocks;
+  dv.q = (const float *)b[1].d, dv.out = (float *)b[2].d, dv.part = (float *)b[3].d;
+  dv.pos = (const int32_t *)b[4].d, dv.seq = (const int32_t *)b[5].d, dv.tiles = (const int32_t *)b[6].d;
+  dv.tables = (const int32_t *)b[7].d, dv.blocks = dblocks, dv.max_blocks = sg.max_blocks;
   kvl__cu_attention(&plan, a, &dv, S_.st);
   KVL_CK(cudaGetLastError());
-  KVL_CK(cudaMemcpyAsync(a->out, dv.out, qbytes, cudaMemcpyDeviceToHost, S_.st));
-  KVL_CK(cudaStreamSynchronize(S_.st));
-  void *slices[] = {dblocks, (void *)dv.q, dv.out, dv.part, (void *)dv.pos, (void *)dv.seq, (void *)dv.tiles,
-                    (void *)dv.tables};
-  for (size_t i = 0; i < sizeof(slices) / sizeof(slices[0]); i++)
-    kvl__cuda_free(slices[i]); /* NULL: nothing */
+  d_result(b[2], a->out, qbytes);
+  d_done(b, 8);
   pthread_mutex_unlock(&S_.mu);
   kvl__cu_attn_stage_free(&sg);
   free(tiles);
@@ -493,10 +649,10 @@ static struct tr_dev_maps *tr_maps_make(const struct kvl_tr_args *a, int64_t ws,
       tr_maps_free(d);
       return NULL;
     }
-    KVL_CK(cudaMemcpyAsync(d->w[i], h, cnt * sizeof(uint16_t), cudaMemcpyHostToDevice, S_.st));
+    to_dev(d->w[i], h, cnt * sizeof(uint16_t));
     if (m->bias)
-      KVL_CK(cudaMemcpyAsync(d->bias[i], m->bias, (size_t)wd * sizeof(float), cudaMemcpyHostToDevice, S_.st));
-    KVL_CK(cudaStreamSynchronize(S_.st)); /* h is freed next */
+      to_dev(d->bias[i], m->bias, (size_t)wd * sizeof(float));
+    wait_stream(); /* h is freed next */
     free(h);
     *bytes += cnt * sizeof(uint16_t) + (m->bias ? (size_t)wd * sizeof(float) : 0);
   }
@@ -560,9 +716,9 @@ static void tr_copy_blocks(const struct tr_side *sd, char *host, char *dev, size
     while (j + r < sd->n_local && sd->phys[j + r] == sd->phys[j] + r && !(skip && skip[j + r])) r++;
     char *h = host + (size_t)sd->phys[j] * bb, *d = dev + (size_t)j * bb;
     if (to_device)
-      KVL_CK(cudaMemcpyAsync(d, h, (size_t)r * bb, cudaMemcpyHostToDevice, S_.st));
+      to_dev(d, h, (size_t)r * bb);
     else
-      KVL_CK(cudaMemcpyAsync(h, d, (size_t)r * bb, cudaMemcpyDeviceToHost, S_.st));
+      to_host(h, d, (size_t)r * bb);
     j += r;
   }
 }
@@ -642,14 +798,12 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
     memcpy(h + 3 * (size_t)n, dst.where, 2 * (size_t)n * sizeof(int32_t));
     memcpy(h + 5 * (size_t)n, a->dst_pos, (size_t)n * sizeof(int32_t));
     memcpy(h + 6 * (size_t)n, lay, 2 * (size_t)n_src * sizeof(int32_t));
-    KVL_CK(cudaMemcpyAsync(didx, h, (6 * (size_t)n + 2 * (size_t)n_src) * sizeof(int32_t), cudaMemcpyHostToDevice,
-                           S_.st));
-    KVL_CK(cudaMemcpyAsync(dfreq, a->src_rope->inv_freq, (size_t)hs * sizeof(float), cudaMemcpyHostToDevice, S_.st));
-    KVL_CK(cudaMemcpyAsync(dfreq + hs, a->dst_rope->inv_freq, (size_t)hd * sizeof(float), cudaMemcpyHostToDevice,
-                           S_.st));
+    to_dev(didx, h, (6 * (size_t)n + 2 * (size_t)n_src) * sizeof(int32_t));
+    to_dev(dfreq, a->src_rope->inv_freq, (size_t)hs * sizeof(float));
+    to_dev(dfreq + hs, a->dst_rope->inv_freq, (size_t)hd * sizeof(float));
     tr_copy_blocks(&src, (char *)a->src_base, dsrc, (size_t)gs.block_bytes, true, NULL);
     tr_copy_blocks(&dst, (char *)a->dst_base, ddst, (size_t)gd.block_bytes, true, dst.full);
-    KVL_CK(cudaStreamSynchronize(S_.st)); /* h is freed next */
+    wait_stream(); /* h is freed next */
     free(h);
   }
   {
@@ -683,7 +837,7 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
     }
     KVL_CK(cudaGetLastError());
     tr_copy_blocks(&dst, (char *)a->dst_base, ddst, (size_t)gd.block_bytes, false, NULL);
-    KVL_CK(cudaStreamSynchronize(S_.st));
+    wait_stream();
   }
 out:
   kvl__cuda_free(dsrc);
@@ -700,8 +854,9 @@ out:
   return rc;
 }
 
-static const struct kvl_backend_ops cuda_ops = {cu_supports, cu_matmul, cu_rmsnorm,  cu_rope,
-                                                cu_swiglu,   cu_embed,  cu_attention, cu_translate};
+static const struct kvl_backend_ops cuda_ops = {cu_supports, cu_matmul,    cu_rmsnorm,   cu_rope, cu_swiglu,
+                                                cu_embed,    cu_attention, cu_translate, cu_add,  cu_begin,
+                                                cu_fetch,    cu_end,       cu_traffic};
 
 static kvl_backend_t be_cuda;
 static pthread_once_t once = PTHREAD_ONCE_INIT;

@@ -36,6 +36,7 @@ void kvl__cu_rmsnorm(const float *x, const float *w, float *y, int n_tokens, int
 void kvl__cu_rope(float *x, const int32_t *pos, const float *inv_freq, int n_tokens, int n_heads, int head_dim,
                   bool inverse, cudaStream_t st);
 void kvl__cu_swiglu(const float *g, const float *u, float *y, int64_t n, cudaStream_t st);
+void kvl__cu_add(float *h, const float *x, int64_t n, cudaStream_t st); /* h += x */
 void kvl__cu_embed(const __nv_bfloat16 *table, const int32_t *ids, float *y, int n_tokens, int64_t cols,
                    cudaStream_t st);
 /* Attention over a staged copy of one layer's KV (ops.cu explains the paths). Staging:

@@ -100,6 +100,15 @@ void kvl__cu_swiglu(const float *g, const float *u, float *y, int64_t n, cudaStr
   if (n > 0) KVL_LAUNCH(k_swiglu, blocks_for(n, 256), 256, st, g, u, y, n);
 }
 
+__global__ void k_add(float *h, const float *x, int64_t n) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) h[i] += x[i];
+}
+
+void kvl__cu_add(float *h, const float *x, int64_t n, cudaStream_t st) {
+  if (n > 0) KVL_LAUNCH(k_add, blocks_for(n, 256), 256, st, h, x, n);
+}
+
 __global__ void k_embed(const __nv_bfloat16 *table, const int32_t *ids, float *y, int64_t cols) {
   const __nv_bfloat16 *row = table + (int64_t)ids[blockIdx.x] * cols;
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) y[(int64_t)blockIdx.x * cols + i] = __bfloat162float(row[i]);

@@ -210,6 +210,26 @@ void kvl_swiglu(kvl_backend_t *be, const float *gate, const float *up, float *y,
 /* y[T][cols] = rows ids[T] of the (possibly quantised) table */
 void kvl_embed(kvl_backend_t *be, const struct kvl_weight *table, const int32_t *ids, float *y, int n_tokens);
 void kvl_attention(kvl_backend_t *be, const struct kvl_attn_args *a);
+/* h[i] += x[i] */
+void kvl_add(kvl_backend_t *be, float *h, const float *x, int64_t n);
+
+/* Activations kept on a backend's device between ops. Between kvl_backend_begin and
+ * kvl_backend_end (on one thread; no nesting), an op's output may stay on the device with
+ * the host buffer it names stale, and a later op reading that buffer takes the device's
+ * copy. So within the bracket the caller reads an op's output on the host only after
+ * kvl_backend_fetch of its range, writes no buffer an op wrote (kvl_add instead), and
+ * frees none before kvl_backend_end, which brings every output to the host. Outside it,
+ * and on backends that keep nothing (the CPU's: no-ops), every op's output is in host
+ * memory when it returns. */
+void kvl_backend_begin(kvl_backend_t *be);
+/* A backend's copies between host and device since it started, their bytes, and its waits
+ * for the device; false (t zeroed) for a backend without a device (the CPU's). */
+struct kvl_backend_traffic {
+  unsigned long long copies_in, copies_out, bytes_in, bytes_out, waits;
+};
+bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t);
+void kvl_backend_fetch(kvl_backend_t *be, const void *p, size_t bytes);
+void kvl_backend_end(kvl_backend_t *be);
 
 /* Translation on a backend's own device (DESIGN.md "Translation"): what translator/ hands a
  * backend that has the op. Every target layer's K and V rows of the span are

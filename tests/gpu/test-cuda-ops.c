@@ -402,7 +402,19 @@ static void test_model(const char *path) {
     struct kvl_kv_view kv = {&kl, pool, tables};
     struct kvl_batch batch = {T, ids, pos, seq, want};
     lg[b] = malloc((size_t)hp->n_vocab * 4);
-    int rc = kvl_model_forward(m, b ? cu : kvl_backend_cpu(), &batch, &kv, lg[b], NULL);
+    struct kvl_backend_traffic t0, t1;
+    int rc = b ? kvl_model_forward(m, cu, &batch, &kv, lg[b], NULL) : 0; /* the weights go to the device */
+    kvl_backend_traffic(cu, &t0);
+    if (rc == 0) rc = kvl_model_forward(m, b ? cu : kvl_backend_cpu(), &batch, &kv, lg[b], NULL);
+    kvl_backend_traffic(cu, &t1);
+    if (b && rc == 0) { /* activations kept on the device: a wait per layer for its K and V, and a few */
+      const unsigned long long waits = t1.waits - t0.waits;
+      printf("%s model      %-40s %llu copies in (%.1f MB), %llu out (%.1f MB), %llu waits (at most %d)\n",
+             waits <= (unsigned long long)hp->n_layer + 4 ? "ok  " : "FAIL", "the GPU's forward pass",
+             t1.copies_in - t0.copies_in, (double)(t1.bytes_in - t0.bytes_in) / 1e6, t1.copies_out - t0.copies_out,
+             (double)(t1.bytes_out - t0.bytes_out) / 1e6, waits, hp->n_layer + 4);
+      CHECK(waits <= (unsigned long long)hp->n_layer + 4);
+    }
     free(pool);
     if (rc != 0) {
       printf("FAIL model      %s: the forward pass on the %s returned %d\n", path, b ? "GPU" : "CPU", rc);
