@@ -8,12 +8,11 @@
  * without a slot is uploaded for the call only. GEMMs: bf16 inputs, fp32 accumulation and
  * output (CUBLAS_COMPUTE_32F), y = x · Wᵀ as cuBLASLt's column-major Yᵀ = W · Xᵀ.
  *
- * The interface passes host arrays (activations, the KV pool), so each op copies its
- * inputs in and its outputs back, and attention stages the blocks the batch reads. That
- * makes every op checkable against the CPU and a whole forward pass run as it is; a
- * forward with device-resident activations and a device KV pool (the hot tier on the GPU,
- * the cold tier in pinned host memory) is the next step and needs the engine to keep
- * its buffers on the backend.
+ * The interface passes host arrays. Outside kvl_backend_begin .. end each op copies its
+ * inputs in and its outputs back; inside (a forward pass's layers) outputs stay in device
+ * mirrors of their host ranges and later ops read them there (the section "activations
+ * kept on the device"). Attention stages the blocks its batch reads from the host pool;
+ * the hot KV pool on the device (the cold tier in pinned host memory) is the next step.
  *
  * Compiled for the CPU too (sim-backend.cc, KVL_CUDA_SIM: sim.h's runtime and cuBLASLt
  * subsets, the kernels under its execution model), where it is kvl_backend_cuda_sim. */
