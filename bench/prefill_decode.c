@@ -271,6 +271,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
      * the two is the roofline, so a window of low bandwidth cannot inflate the figure */
     double bw_before = 0, bw_after = 0;
     if (o->bw_auto) bw_before = kvl_bench_read_bandwidth(BW_MIB, threads, 3, NULL, NULL);
+    struct kvl_backend_traffic tr0, tr1, tr = {0}; /* a device's copies and waits in the timed steps */
     for (int r = 0; r < o->runs; r++) {
       for (int t = 0; t < TG_PROMPT; t++) { pos[t] = t; want[t] = t == TG_PROMPT - 1; }
       struct kvl_batch b = {TG_PROMPT, ids, pos, seq, want};
@@ -278,6 +279,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
         fprintf(stderr, "bench-prefill-decode: %s %s: prompt forward: %s\n", name, test, kvl_strerror(rc));
         goto out;
       }
+      kvl_backend_traffic(be, &tr0);
       double ts = kvl_bench_now();
       for (int i = 0; i < o->tg; i++) {
         pos[0] = TG_PROMPT + i;
@@ -289,6 +291,10 @@ static int bench_model(const char *path, const char *name, const struct bench_op
         }
       }
       double dt = kvl_bench_now() - ts;
+      kvl_backend_traffic(be, &tr1);
+      tr.copies_in += tr1.copies_in - tr0.copies_in, tr.copies_out += tr1.copies_out - tr0.copies_out;
+      tr.bytes_in += tr1.bytes_in - tr0.bytes_in, tr.bytes_out += tr1.bytes_out - tr0.bytes_out;
+      tr.waits += tr1.waits - tr0.waits;
       s[r] = o->tg / dt;
       fprintf(stderr, "  %s %s run %d/%d: %.2f tokens/s (%.3f s)\n", name, test, r + 1, o->runs, s[r], dt);
     }
@@ -304,6 +310,15 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     json_object_set_new(res, "prompt_tokens", json_integer(TG_PROMPT));
     json_object_set_new(res, "weight_mib_per_token", json_real((double)wbytes / (1 << 20)));
     json_object_set_new(res, "repacked_mib", json_real((double)kvl_wpack_total_bytes() / (1 << 20)));
+    if (kvl_backend_traffic(be, &tr1)) { /* per decoded token, over every timed step */
+      const double steps = (double)o->tg * o->runs;
+      json_object_set_new(res, "device_waits_per_token", json_real((double)tr.waits / steps));
+      json_object_set_new(res, "device_copies_per_token", json_real((double)(tr.copies_in + tr.copies_out) / steps));
+      json_object_set_new(res, "device_kib_per_token", json_real((double)(tr.bytes_in + tr.bytes_out) / 1024 / steps));
+      fprintf(stderr, "  %s %s per token on the device: %.1f waits, %.1f copies in and %.1f out, %.1f KiB\n", name,
+              test, (double)tr.waits / steps, (double)tr.copies_in / steps, (double)tr.copies_out / steps,
+              (double)(tr.bytes_in + tr.bytes_out) / 1024 / steps);
+    }
     printf("%-20s %-7s %9.2f tokens/s  (sd %.2f, %d runs)", name, test, st.median, st.sd, o->runs);
     if (bw > 0) {
       double pct = (double)wbytes * st.median / (bw * 1e9) * 100.0;
