@@ -25,16 +25,3 @@ extern "C" void kvl__cu_sim_attention(const struct kvl_attn_args *a, int n_sm, c
              p.n_tiles, p.hpc, p.n_split, p.chunk);
   kvl__cu_attn_stage_free(&sg);
 }
-
-extern "C" void kvl__cu_sim_rmsnorm(const float *x, const float *w, float *y, int n_tokens, int n, float eps) {
-  kvl__cu_rmsnorm(x, w, y, n_tokens, n, eps, NULL);
-}
-
-extern "C" void kvl__cu_sim_rope(const struct kvl_rope *r, float *x, const int32_t *pos, int n_tokens, int n_heads,
-                                 bool inverse) {
-  kvl__cu_rope(x, pos, r->inv_freq, n_tokens, n_heads, r->head_dim, inverse, NULL);
-}
-
-extern "C" void kvl__cu_sim_swiglu(const float *g, const float *u, float *y, int64_t n) {
-  kvl__cu_swiglu(g, u, y, n, NULL);
-}

@@ -1,6 +1,6 @@
-/* sim-ops.h — the CUDA backend's own kernels (ops.cu) run on the CPU under sim.h, for the
- * unit suite's cuda-sim test: host arrays in and out, each call one launch sequence as
- * the backend makes it. Built on every machine (no CUDA toolkit needed). */
+/* sim-ops.h — the CUDA backend compiled for the CPU (sim.h), for the unit tests: the whole
+ * backend, and its attention alone with the plan forced. Built on every machine (no CUDA
+ * toolkit needed). */
 #ifndef KVL_CU_SIM_OPS_H
 #define KVL_CU_SIM_OPS_H
 
@@ -21,10 +21,6 @@ kvl_backend_t *kvl_backend_cuda_sim(char *why, size_t whylen);
 /* The attention op as backend.cu runs it (staging, plan for n_sm multiprocessors, the
  * kernels); the plan it took described in plan ("tiled tiles=3 hpc=1 split=1x96", ...). */
 void kvl__cu_sim_attention(const struct kvl_attn_args *a, int n_sm, char *plan, size_t planlen);
-void kvl__cu_sim_rmsnorm(const float *x, const float *w, float *y, int n_tokens, int n, float eps);
-void kvl__cu_sim_rope(const struct kvl_rope *r, float *x, const int32_t *pos, int n_tokens, int n_heads,
-                      bool inverse);
-void kvl__cu_sim_swiglu(const float *g, const float *u, float *y, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -27,6 +27,10 @@
 #include <functional>
 #include <tuple>
 
+extern "C" {
+#include "kvl_quant.h" /* the bf16 conversions: the CPU's (round to nearest even, NaN kept) */
+}
+
 #define __global__
 #define __device__
 #define __host__
@@ -121,20 +125,8 @@ extern dim3 blockDim, gridDim;
 struct __nv_bfloat16 {
   uint16_t bits;
 };
-static inline float __bfloat162float(__nv_bfloat16 h) {
-  uint32_t u = (uint32_t)h.bits << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  __nv_bfloat16 h;
-  if ((u & 0x7fffffffu) > 0x7f800000u) h.bits = (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
-  else h.bits = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  return h;
-}
+static inline float __bfloat162float(__nv_bfloat16 h) { return kvl_bf16_to_fp32(h.bits); }
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{kvl_fp32_to_bf16(f)}; }
 
 namespace kvl_sim {
 void sync_block();

@@ -1,8 +1,8 @@
-/* test-cuda-sim.c — the CUDA backend's own kernels (kernels/cuda/ops.cu) run on the CPU
- * under kernels/cuda/sim.h, against the scalar references: on every machine, where the
- * gpu suite (gpu/test-cuda-ops.c) needs a device. What this shows: each kernel's indexing,
- * tiling, masking, reductions and the attention's plans (warp path, query tiles, grouped
- * heads, key chunks and their merge) compute the reference's values. What only a GPU run
+/* test-cuda-sim.c — the CUDA backend's attention kernels (kernels/cuda/ops.cu) run on the
+ * CPU under kernels/cuda/sim.h against the scalar reference, with the plan forced (no key
+ * split, an H100's 132 multiprocessors, the warp path): every plan's indexing, tiling,
+ * masking, reductions and merge. The other ops, and the whole backend, run under the same
+ * simulation in test-cuda-ops --sim (cuda-ops-sim). What only a GPU run
  * shows: speed, and anything of the device's own (memory ordering beyond the barriers,
  * resource limits, nvcc's code).
  *
@@ -66,37 +66,7 @@ static void test_attention(void) {
   }
 }
 
-static void test_elementwise(void) {
-  const int T = 7, n = 1536;
-  float *x = malloc((size_t)T * n * 4), *w = malloc((size_t)n * 4), *y = malloc((size_t)T * n * 4),
-        *yr = malloc((size_t)T * n * 4), *u = malloc((size_t)T * n * 4);
-  fill(x, (size_t)T * n, 3.0f);
-  fill(w, (size_t)n, 1.0f);
-  fill(u, (size_t)T * n, 1.0f);
-  kvl__cu_sim_rmsnorm(x, w, y, T, n, 1e-6f);
-  kvl_rmsnorm_ref(x, w, yr, T, n, 1e-6f);
-  report("rmsnorm", "7x1536", "", nmse(y, yr, (size_t)T * n), 1e-10);
-  kvl__cu_sim_swiglu(x, u, y, (int64_t)T * n);
-  kvl_swiglu_ref(x, u, yr, (int64_t)T * n);
-  report("swiglu", "7x1536", "", nmse(y, yr, (size_t)T * n), 1e-10);
-  struct kvl_rope r;
-  CHECK_EQ_INT(kvl_rope_init(&r, 128, 1e6f), 0);
-  const int heads = 12;
-  int32_t pos[7] = {0, 1, 17, 511, 4096, 16383, 32767};
-  float *q = malloc((size_t)T * heads * 128 * 4), *qr = malloc((size_t)T * heads * 128 * 4);
-  fill(q, (size_t)T * heads * 128, 1.0f);
-  memcpy(qr, q, (size_t)T * heads * 128 * 4);
-  for (int inv = 0; inv < 2; inv++) {
-    kvl__cu_sim_rope(&r, q, pos, T, heads, inv);
-    kvl_rope_ref(&r, qr, pos, T, heads, inv);
-    report("rope", inv ? "inverse, 12 heads x 128" : "12 heads x 128, pos <= 32767", "",
-           nmse(q, qr, (size_t)T * heads * 128), 1e-10);
-  }
-  free(x), free(w), free(y), free(yr), free(u), free(q), free(qr);
-}
-
 int main(void) {
-  RUN(test_elementwise);
   RUN(test_attention);
   return TEST_EXIT();
 }
