@@ -2,7 +2,9 @@
  * another; a block's threads are fibers on one OS thread (a stack each, switched by
  * kvl_sim_switch below: callee-saved registers and the FP control words, nothing else).
  * A fiber runs until it waits at a barrier or ends; the scheduler resumes the live fibers
- * in turn, a waiting one going straight back until its barrier is released. A round in
+ * in turn, a waiting one going straight back until its barrier is released. Even blocks
+ * take their threads in ascending order, odd ones in descending: a read that a missing
+ * barrier leaves ahead of another thread's write shows in one order or the other. A round in
  * which no fiber arrived anywhere or ended is a deadlock (threads waiting at different
  * barriers, or a shuffle some lanes never reach): reported, then abort. Under ASan the
  * switches are announced (__sanitizer_start/finish_switch_fiber) so that it follows the
@@ -205,7 +207,8 @@ void run(dim3 grid, dim3 block, const std::function<void()> &fn) {
         blockIdx = dim3(bx, by, bz);
         for (int live = nt; live > 0;) {
           progress = false;
-          for (int i = 0; i < nt; i++) {
+          for (int j = 0; j < nt; j++) {
+            const int i = (bx + by + bz) % 2 ? nt - 1 - j : j; /* odd blocks run their threads last first */
             fiber &f = fibers[(size_t)i];
             if (f.done) continue;
             if (!f.stack) f.stack = stack_take(), f.sp = fiber_stack(f.stack);
