@@ -443,11 +443,11 @@ void kvl__cu_tr_gather(const void *blocks, const kvl__cu_kv_geom *g, const int32
   if (n <= 0 || n_layers <= 0) return;
   dim3 grid((unsigned)n, (unsigned)n_layers);
   if (g->bf16)
-    KVL_LAUNCH(k_tr_gather<__nv_bfloat16>, grid, 128, st, (const char *)blocks, *g, blk, slot, pos, inv_freq, layers, n_src,
-                                                     keys, x);
+    KVL_LAUNCH(k_tr_gather<__nv_bfloat16>, grid, 128, st, (const char *)blocks, *g, blk, slot, pos, inv_freq, layers,
+               n_src, keys, x);
   else
-    KVL_LAUNCH(k_tr_gather<float>, grid, 128, st, (const char *)blocks, *g, blk, slot, pos, inv_freq, layers, n_src, keys,
-                                             x);
+    KVL_LAUNCH(k_tr_gather<float>, grid, 128, st, (const char *)blocks, *g, blk, slot, pos, inv_freq, layers, n_src,
+               keys, x);
 }
 
 /* y[i][c] = bias[c] (or 0) for i < n, c < w */
