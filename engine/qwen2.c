@@ -143,7 +143,7 @@ static int forward_rows(kvl_model_t *m, kvl_backend_t *be, kvl_backend_t *hb, kv
     matmul_rows(be, sb, sink, &L->w_down, gate, x, T);
     kvl_add(be, h, x, (int64_t)T * E);
   }
-  kvl_backend_end(be);
+  kvl_backend_end(be, h, (size_t)T * E * sizeof(float)); /* the rest is scratch */
   /* gather the rows that want logits, normalise, project */
   int n_out = 0;
   for (int t = 0; t < T; t++)

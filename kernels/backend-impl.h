@@ -21,7 +21,7 @@ struct kvl_backend_ops {
   /* optional, all three or none (NULL: the backend keeps no activations; kvl_kernels.h) */
   void (*begin)(kvl_backend_t *be);
   void (*fetch)(kvl_backend_t *be, const void *p, size_t bytes);
-  void (*end)(kvl_backend_t *be);
+  void (*end)(kvl_backend_t *be, const void *keep, size_t bytes);
   /* optional (NULL: no device) */
   bool (*traffic)(const kvl_backend_t *be, struct kvl_backend_traffic *t);
 };

@@ -74,8 +74,8 @@ void kvl_backend_fetch(kvl_backend_t *be, const void *p, size_t bytes) {
   if (be->ops->fetch) be->ops->fetch(be, p, bytes);
 }
 
-void kvl_backend_end(kvl_backend_t *be) {
-  if (be->ops->end) be->ops->end(be);
+void kvl_backend_end(kvl_backend_t *be, const void *keep, size_t bytes) {
+  if (be->ops->end) be->ops->end(be, keep, bytes);
 }
 
 bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t) {

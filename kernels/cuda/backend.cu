@@ -177,7 +177,8 @@ static void *upload(const void *h, size_t bytes) {
  * While the owner thread is between begin and end, an op's output lands in a mirror of
  * the host range it names (a device slice), marked newer than the host, and is not copied
  * back; an op reading a range inside a mirror takes the device's bytes. fetch copies the
- * overlapping newer mirrors to the host (and waits); end does so for all and drops them.
+ * overlapping newer mirrors to the host (and waits); end does so for the range it keeps
+ * and drops every mirror.
  * A range that overlaps a mirror only partly is settled first (the mirror copied back and
  * dropped). Everything under S_.mu. */
 struct mirror {
@@ -217,7 +218,8 @@ static void mirrors_settle(const char *h, size_t n, bool drop) {
   }
 }
 
-/* the mirror holding [h, h + n) whole, or NULL (any overlapping it partly settled first) */
+/* the mirror holding [h, h + n) whole, or NULL (any overlapping it partly settled first;
+ * an op's inputs and output are one range or disjoint ones, so none of its own) */
 static struct mirror *mirror_of(const void *hp, size_t n) {
   const char *h = (const char *)hp;
   bool part = false;
@@ -304,10 +306,14 @@ static bool cu_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t) {
   return true;
 }
 
-static void cu_end(kvl_backend_t *be) {
+static void cu_end(kvl_backend_t *be, const void *keep, size_t bytes) {
   (void)be;
   pthread_mutex_lock(&S_.mu);
-  if (keeping() && --M_.depth == 0) mirrors_settle(NULL, 0, true);
+  if (keeping() && --M_.depth == 0) {
+    if (keep && bytes) mirrors_settle((const char *)keep, bytes, true);
+    for (int i = 0; i < M_.n; i++) kvl__cuda_free(M_.m[i].dev); /* scratch: not copied back */
+    M_.n = 0;
+  }
   pthread_mutex_unlock(&S_.mu);
 }
 

@@ -218,18 +218,20 @@ void kvl_add(kvl_backend_t *be, float *h, const float *x, int64_t n);
  * the host buffer it names stale, and a later op reading that buffer takes the device's
  * copy. So within the bracket the caller reads an op's output on the host only after
  * kvl_backend_fetch of its range, writes no buffer an op wrote (kvl_add instead), and
- * frees none before kvl_backend_end, which brings every output to the host. Outside it,
- * and on backends that keep nothing (the CPU's: no-ops), every op's output is in host
- * memory when it returns. */
+ * frees none before kvl_backend_end. end brings the range [keep, keep + bytes) to the
+ * host and drops the rest: any other buffer an op wrote in the bracket and that was not
+ * fetched since holds stale bytes (scratch, for the caller). Outside the bracket, and on
+ * backends that keep nothing (the CPU's: no-ops), every op's output is in host memory
+ * when it returns. */
 void kvl_backend_begin(kvl_backend_t *be);
+void kvl_backend_fetch(kvl_backend_t *be, const void *p, size_t bytes);
+void kvl_backend_end(kvl_backend_t *be, const void *keep, size_t bytes);
 /* A backend's copies between host and device since it started, their bytes, and its waits
  * for the device; false (t zeroed) for a backend without a device (the CPU's). */
 struct kvl_backend_traffic {
   unsigned long long copies_in, copies_out, bytes_in, bytes_out, waits;
 };
 bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t);
-void kvl_backend_fetch(kvl_backend_t *be, const void *p, size_t bytes);
-void kvl_backend_end(kvl_backend_t *be);
 
 /* Translation on a backend's own device (DESIGN.md "Translation"): what translator/ hands a
  * backend that has the op. Every target layer's K and V rows of the span are
