@@ -930,6 +930,5 @@ extern "C" kvl_backend_t *KVL_CU_ENTRY(kvl_backend_cuda)(char *why, size_t whyle
   return &be_cuda;
 }
 
-extern "C" size_t KVL_CU_ENTRY(kvl_backend_cuda_arena_bytes)(void) { return A.size; }
 
 KVL_CU_END
