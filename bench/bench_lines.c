@@ -42,7 +42,7 @@ int kvl_bench_line_score(struct kvl_bench_side *s, kvl_line_t *l, const int32_t 
       g_cap = (size_t)n_want * (size_t)V;
     }
     const int32_t *tables[1] = {kvl_line_block_table(l)};
-    struct kvl_kv_view kv = {kvl_pool_layout(s->pool), kvl_pool_base(s->pool), tables};
+    struct kvl_kv_view kv = {kvl_pool_layout(s->pool), kvl_pool_base(s->pool), tables, NULL, 0};
     struct kvl_batch b = {T, seq + c0, pos, sq, want};
     rc = kvl_model_forward(s->m, kvl_backend_cpu(), &b, &kv, n_want ? g_logits : NULL, NULL);
     if (rc < 0) return rc;
@@ -91,6 +91,7 @@ int kvl_bench_line_translate(struct kvl_bench_side *from_side, struct kvl_bench_
   rc = kvl_translator_apply(from_side->to_other, &sp, err, sizeof(err));
   free(pos);
   if (rc < 0) fprintf(stderr, "%s: %s\n", who, err);
+  else kvl_line_written(dst, from, to);
   return rc;
 }
 

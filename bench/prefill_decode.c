@@ -199,7 +199,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
   }
   for (int i = 0; i < nb; i++) table[i] = i;
   const int32_t *tables[] = {table};
-  struct kvl_kv_view kv = {&kl, pool, tables};
+  struct kvl_kv_view kv = {&kl, pool, tables, NULL, 0};
   fill_tokens(ids, n_ctx, hp->n_vocab);
   struct kvl_bench_stats st;
   char test[32];

@@ -124,15 +124,16 @@ static int forward_rows(kvl_model_t *m, kvl_backend_t *be, kvl_backend_t *hb, kv
         }
     kvl_rope(be, &m->rope, q, b->pos, T, H, false);
     kvl_rope(be, &m->rope, k, b->pos, T, hp->n_kv_head, false);
-    kvl_backend_fetch(be, k, 2 * kv_bytes); /* k and v: adjacent slots, one wait */
-    kvl_kv_store(kv->layout, kv->base, il, T, k, v, b->pos, b->seq, kv->block_tables);
+    struct kvl_attn_args a = {T,          q,        att,           b->pos,      b->seq, kv->block_tables,
+                              H,          il,       kv->layout,    kv->base,    1.0f / sqrtf((float)D),
+                              kv->stamps, kv->n_blocks};
+    kvl_kv_put(be, &a, k, v); /* k and v: adjacent slots, brought to the host in one wait */
+    if (any) kvl_backend_fetch(be, k, 2 * kv_bytes);
     for (int t = 0; t < T; t++)
       if (fill[t]) {
         memcpy(fill[t] + (size_t)il * 2 * KV, k + (size_t)t * KV, (size_t)KV * sizeof(float));
         memcpy(fill[t] + ((size_t)il * 2 + 1) * KV, v + (size_t)t * KV, (size_t)KV * sizeof(float));
       }
-    struct kvl_attn_args a = {T, q, att, b->pos, b->seq, kv->block_tables, H, il, kv->layout, kv->base,
-                              1.0f / sqrtf((float)D)};
     kvl_attention(be, &a);
     matmul_rows(be, sb, sink, &L->wo, att, x, T);
     kvl_add(be, h, x, (int64_t)T * E);
@@ -203,17 +204,21 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
     free(keep), free(keep_lg), free(rows);
     return KVL_ENOMEM;
   }
+  kvl_backend_begin(be); /* the stored sinks' rows to a device's copy of the pool without a wait each */
   for (int t = 0; t < T; t++) {
     if (!cap && b->pos[t] == 0 && b->logits && !b->logits[t] && sink_find(m, sb, b->tokens[t], rows, rows_len)) {
-      for (int il = 0; il < hp->n_layer; il++)
-        kvl_kv_store(kv->layout, kv->base, il, 1, rows + (size_t)il * 2 * KV, rows + ((size_t)il * 2 + 1) * KV,
-                     &b->pos[t], &b->seq[t], kv->block_tables);
+      for (int il = 0; il < hp->n_layer; il++) {
+        struct kvl_attn_args a = {1,  NULL, NULL,       &b->pos[t], &b->seq[t], kv->block_tables, hp->n_head,
+                                  il, kv->layout, kv->base, 0.0f, kv->stamps, kv->n_blocks};
+        kvl_kv_put(be, &a, rows + (size_t)il * 2 * KV, rows + ((size_t)il * 2 + 1) * KV);
+      }
       continue;
     }
     keep[n_keep] = b->tokens[t], keep[T + n_keep] = b->pos[t], keep[2 * T + n_keep] = b->seq[t];
     if (keep_lg) keep_lg[n_keep] = b->logits[t];
     n_keep++;
   }
+  kvl_backend_end(be, NULL, 0);
   int rc = 0;
   if (n_keep == T) rc = forward_rows(m, be, hb, sb, b, kv, logits, cap);
   else if (n_keep > 0) {

@@ -24,6 +24,8 @@ struct kvl_backend_ops {
   void (*end)(kvl_backend_t *be, const void *keep, size_t bytes);
   /* optional (NULL: no device) */
   bool (*traffic)(const kvl_backend_t *be, struct kvl_backend_traffic *t);
+  /* optional (NULL: kvl_kv_store into the host pool) */
+  void (*kv_put)(kvl_backend_t *be, const struct kvl_attn_args *a, const float *k, const float *v);
 };
 
 /* Vector primitives of one SIMD level (cpu/simd_*.c). All lengths in elements. */

@@ -66,6 +66,14 @@ void kvl_add(kvl_backend_t *be, float *h, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) h[i] += x[i];
 }
 
+void kvl_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const float *k, const float *v) {
+  if (be->ops->kv_put) {
+    be->ops->kv_put(be, a, k, v);
+    return;
+  }
+  kvl_kv_store(a->kv, (void *)a->kv_base, a->layer, a->n_tokens, k, v, a->pos, a->seq, a->block_tables);
+}
+
 void kvl_backend_begin(kvl_backend_t *be) {
   if (be->ops->begin) be->ops->begin(be);
 }

@@ -2,6 +2,7 @@
  * store/load of rows, and the RoPE table generator shared by every RoPE user. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -114,6 +115,11 @@ static void get_row(enum kvl_kv_dtype d, const void *src, float *dst, int n) {
 #pragma omp simd
     for (int i = 0; i < n; i++) dst[i] = kvl_bf16_to_fp32(s[i]);
   }
+}
+
+uint64_t kvl_kv_stamp_new(void) {
+  static _Atomic uint64_t next = 1;
+  return atomic_fetch_add_explicit(&next, 1, memory_order_relaxed);
 }
 
 void kvl_kv_store(const struct kvl_kv_layout *l, void *base, int layer, int n_tokens,

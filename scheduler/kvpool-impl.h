@@ -77,6 +77,8 @@ struct kvl_pool {
   int32_t n_hot, n_cold;
   int32_t *hot_owner, *cold_owner; /* slot -> handle or NONE */
   int32_t *hot_free, *cold_free;   /* stacks of free slots */
+  uint64_t *hot_stamp;            /* per hot slot: a new kvl_kv_stamp_new() at each write by the pool or
+                                     through kvl_pool_written (a device backend's copy of the arena) */
   int32_t n_hot_free, n_cold_free;
   struct blk *blk;
   int32_t n_blk, cap_blk;

@@ -163,6 +163,8 @@ static void blk_drop(kvl_pool_t *p, int32_t h) {
 }
 
 static uint8_t *hot_data(kvl_pool_t *p, int32_t slot) { return p->hot_mem + (size_t)slot * p->bb; }
+/* A hot slot's bytes are (about to be) written by the pool: a device's copy of it is old. */
+static void hot_written(kvl_pool_t *p, int32_t slot) { p->hot_stamp[slot] = kvl_kv_stamp_new(); }
 static uint8_t *cold_data(kvl_pool_t *p, int32_t slot) { return p->cold_mem + (size_t)slot * p->bb; }
 
 static off_t disk_off(const kvl_pool_t *p, int32_t slot) { return (off_t)slot * (off_t)p->bb; }
@@ -275,6 +277,7 @@ static int restore_blk(kvl_pool_t *p, int32_t h) {
     b->cold = NONE;
   }
   p->hot_owner[s] = h;
+  hot_written(p, s);
   b->hot = s;
   p->st.restored++;
   return 0;
@@ -313,15 +316,20 @@ int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out) {
   p->cold_mem = nc ? malloc(nc * p->bb) : NULL;
   p->hot_owner = malloc(nh * sizeof(int32_t));
   p->hot_free = malloc(nh * sizeof(int32_t));
+  p->hot_stamp = malloc(nh * sizeof(uint64_t));
   p->cold_owner = malloc((nc + 1) * sizeof(int32_t));
   p->cold_free = malloc((nc + 1) * sizeof(int32_t));
-  if (!p->hot_mem || (nc && !p->cold_mem) || !p->hot_owner || !p->hot_free || !p->cold_owner || !p->cold_free ||
-      idx_rebuild(p, 64) < 0) {
+  if (!p->hot_mem || (nc && !p->cold_mem) || !p->hot_owner || !p->hot_free || !p->hot_stamp || !p->cold_owner ||
+      !p->cold_free || idx_rebuild(p, 64) < 0) {
     kvl_pool_free(p);
     return KVL_ENOMEM;
   }
   if (c->prefault) p->st.prefault_ms = kvl_huge_prefault(p->hot_mem, nh * p->bb);
-  for (int32_t i = 0; i < p->n_hot; i++) { p->hot_owner[i] = NONE; p->hot_free[i] = p->n_hot - 1 - i; }
+  for (int32_t i = 0; i < p->n_hot; i++) {
+    p->hot_owner[i] = NONE;
+    p->hot_free[i] = p->n_hot - 1 - i;
+    hot_written(p, i);
+  }
   for (int32_t i = 0; i < p->n_cold; i++) { p->cold_owner[i] = NONE; p->cold_free[i] = p->n_cold - 1 - i; }
   p->n_hot_free = p->n_hot;
   p->n_cold_free = p->n_cold;
@@ -366,6 +374,7 @@ void kvl_pool_free(kvl_pool_t *p) {
   free(p->cold_mem);
   free(p->hot_owner);
   free(p->hot_free);
+  free(p->hot_stamp);
   free(p->cold_owner);
   free(p->cold_free);
   if (p->disk_fd >= 0) close(p->disk_fd);
@@ -378,6 +387,13 @@ void kvl_pool_free(kvl_pool_t *p) {
 }
 
 void *kvl_pool_base(kvl_pool_t *p) { return p->hot_mem; }
+const uint64_t *kvl_pool_stamps(const kvl_pool_t *p) { return p->hot_stamp; }
+int32_t kvl_pool_hot_blocks(const kvl_pool_t *p) { return p->n_hot; }
+
+void kvl_line_written(kvl_line_t *l, int32_t from, int32_t to) {
+  KVL_ASSERT(kvl_line_is_hot(l) && from >= 0 && to <= l->len);
+  for (int32_t i = from / BLK; i < l->n_blocks && i * BLK < to; i++) hot_written(l->p, l->p->blk[l->blocks[i]].hot);
+}
 const struct kvl_kv_layout *kvl_pool_layout(const kvl_pool_t *p) { return &p->layout; }
 int32_t kvl_pool_available(const kvl_pool_t *p) { return p->n_hot_free + p->hot_lru.n; }
 
@@ -429,6 +445,7 @@ static void io_apply(kvl_pool_t *p, struct io_op *op) {
   p->disk_free[p->n_disk_free++] = b->disk;
   b->disk = NONE;
   b->hot = s; /* a cached hot block now: attach shares it as it is */
+  hot_written(p, s);
   kvl__lru_push(p, &p->hot_lru, op->h);
   p->st.restored_from_disk++;
   p->st.restored++;
@@ -476,6 +493,7 @@ int32_t kvl_pool_prefetch(kvl_pool_t *p, const int32_t *tokens, int32_t n, enum 
     int32_t slot = hot_slot(p);
     if (slot == NONE) { kvl__lru_push(p, &p->disk_lru, h); break; }
     p->hot_owner[slot] = h;
+    hot_written(p, slot);
     if (!kvl__io_read(&p->io, h, b->disk, hot_data(p, slot))) {
       p->hot_owner[slot] = NONE;
       p->hot_free[p->n_hot_free++] = slot;
@@ -639,6 +657,7 @@ int kvl_line_append(kvl_line_t *l, const int32_t *tokens, int32_t n, kvl_writer_
     b->hot = s;
     b->refs = 1;
     p->hot_owner[s] = h;
+    hot_written(p, s);
     memcpy(hot_data(p, s), hot_data(p, p->blk[old].hot), p->bb);
     l->blocks[l->n_blocks - 1] = h;
     unref(p, old);
@@ -652,6 +671,7 @@ int kvl_line_append(kvl_line_t *l, const int32_t *tokens, int32_t n, kvl_writer_
     p->blk[h].hot = s;
     p->blk[h].refs = 1;
     p->hot_owner[s] = h;
+    hot_written(p, s); /* a new owner: whatever a device holds of the slot is someone else's */
     l->blocks[l->n_blocks++] = h;
   }
   memcpy(l->tok + l->len, tokens, (size_t)n * sizeof(int32_t));

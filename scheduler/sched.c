@@ -997,7 +997,8 @@ static int step_model(kvl_sched_t *s, struct model *m) {
     KVL_ASSERT(kvl_line_is_hot(s->batch[b]->line));
     s->tables[b] = kvl_line_block_table(s->batch[b]->line);
   }
-  struct kvl_kv_view kv = {kvl_pool_layout(m->pool), kvl_pool_base(m->pool), s->tables};
+  struct kvl_kv_view kv = {kvl_pool_layout(m->pool), kvl_pool_base(m->pool), s->tables, kvl_pool_stamps(m->pool),
+                           kvl_pool_hot_blocks(m->pool)};
   struct kvl_batch bt = {n_tok, s->tok, s->pos, s->seqi, s->want};
   int rc = kvl_model_forward(m->cfg.model, m->cfg.backend, &bt, &kv, s->logits, NULL);
   if (rc < 0) return rc;

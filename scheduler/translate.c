@@ -43,5 +43,6 @@ int kvl_line_translate(kvl_line_t *dst, const kvl_line_t *src, const struct kvl_
   rc = kvl_translator_apply_on(t, be, &sp, err, errlen);
   free(pos);
   if (rc < 0) kvl_line_truncate(dst, from);
+  else kvl_line_written(dst, from, to); /* the host's rows: a device's copy of these blocks is old */
   return rc;
 }

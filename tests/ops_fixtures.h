@@ -94,7 +94,8 @@ static void attn_fixture_init(struct attn_fixture *f, int n_kv, int d, int n_hea
   f->pos[T] = 79, f->sq[T++] = 0;
   f->q = malloc((size_t)T * qw * 4);
   fill(f->q, (size_t)T * qw, 1.0f);
-  f->a = (struct kvl_attn_args){T, f->q, NULL, f->pos, f->sq, f->bts, n_head, 1, &f->l, f->pool, 1.0f / sqrtf((float)d)};
+  f->a = (struct kvl_attn_args){T,  f->q,  NULL,   f->pos, f->sq, f->bts, n_head, 1, &f->l,
+                               f->pool, 1.0f / sqrtf((float)d), NULL, 0};
 }
 
 static void attn_fixture_free(struct attn_fixture *f) {

@@ -50,7 +50,7 @@ int kvl_fit_capture(kvl_model_t *m, const int32_t *ids, int32_t n, int32_t chunk
   for (int32_t i = 0; i < nb; i++) table[i] = i;
   for (int l = 0; l < hp->n_layer; l++) layers[l] = l;
   const int32_t *tables[] = {table};
-  struct kvl_kv_view kv = {&kl, pool, tables};
+  struct kvl_kv_view kv = {&kl, pool, tables, NULL, 0};
   int64_t w = (int64_t)hp->n_kv_head * hp->head_dim;
   int64_t n_logits = 0;
   for (int32_t p0 = 0; p0 < n; p0 += chunk) {

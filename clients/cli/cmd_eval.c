@@ -82,7 +82,7 @@ static int run_on(struct model_side *s, void *pool, const int32_t *table, const 
   int32_t *pos = malloc((size_t)n * sizeof(int32_t)), *seq = calloc((size_t)n, sizeof(int32_t));
   for (int i = 0; i < n; i++) pos[i] = p0 + i;
   const int32_t *tables[] = {table};
-  struct kvl_kv_view kv = {&s->kl, pool, tables};
+  struct kvl_kv_view kv = {&s->kl, pool, tables, NULL, 0};
   struct kvl_batch b = {.n_tokens = n, .tokens = ids, .pos = pos, .seq = seq, .logits = NULL};
   int rc = kvl_model_forward(s->m, kvl_backend_cpu(), &b, &kv, lp, NULL);
   free(pos);

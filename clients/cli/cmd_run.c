@@ -156,7 +156,7 @@ int kvl_cli_run(int argc, char **argv) {
   if (!pool || !table) { fprintf(stderr, "kvlingo run: out of memory for the KV cache\n"); return 1; }
   for (int i = 0; i < nb; i++) table[i] = i;
   const int32_t *tables[] = {table};
-  struct kvl_kv_view kv = {&kl, pool, tables};
+  struct kvl_kv_view kv = {&kl, pool, tables, NULL, 0};
   float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
   int32_t *pos = malloc((size_t)chunk * sizeof(int32_t)), *seq = calloc((size_t)chunk, sizeof(int32_t));
   int8_t *want = calloc((size_t)chunk, 1);

@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <vector>
+
 #include "cuda-impl.h"
 
 extern "C" {
@@ -557,25 +559,171 @@ static void cu_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_
   pthread_mutex_unlock(&S_.mu);
 }
 
-/* The batch's sequences' blocks of this layer (K then V slabs, adjacent in the pool) are
- * copied to the device in local order, with block tables rewritten to local ids
- * (kvl__cu_attn_stage_make); the plan picks the kernel, its tiles and key chunks. */
+/* ---- the pool on the device ----------------------------------------------------------
+ *
+ * A pool whose calls carry write stamps (kvl_attn_args.kv_stamps: the scheduler's) gets a
+ * device copy of its whole hot arena, one arena slice, with the stamp each block was
+ * copied under. Attention copies only the blocks it reads whose stamp changed since (the
+ * pool's restores, copies on write and new blocks; translation on the host), runs of
+ * consecutive blocks in one copy each, then reads the copy in place through the physical
+ * block tables; kvl_kv_put writes the forward's new rows into both the host pool and the
+ * copy, so a block read every step is copied once. Up to N_DEVPOOL pools (the least
+ * recently used one's copy makes room); a pool whose copy does not fit in the arena is
+ * staged per call as a pool without stamps is (a warning, once). KVL_CUDA_KV_CHECK=1
+ * compares, at every attention call, the layer's rows the batch reads in the copy with
+ * the host pool's and aborts on a difference (tests). Under S_.mu. */
+enum { N_DEVPOOL = 8 };
+struct devpool {
+  const void *base; /* the host arena */
+  int32_t n_blocks;
+  size_t bb;
+  char *mem;        /* NULL: no room (staged) */
+  uint64_t *stamp;  /* [n_blocks] the stamp each device block was copied under (0: never) */
+  uint64_t used;    /* last use, for the replacement */
+};
+static struct devpool DP_[N_DEVPOOL];
+static uint64_t dp_clock;
+static struct {
+  unsigned long long blocks; /* blocks copied to device copies of pools */
+} DPS_;
+
+static void devpool_drop(struct devpool *d) {
+  kvl__cuda_free(d->mem);
+  free(d->stamp);
+  *d = devpool{};
+}
+
+/* a's pool's device copy (made at first use), or NULL: staged */
+static struct devpool *devpool_of(const struct kvl_attn_args *a) {
+  if (!a->kv_stamps || a->kv_blocks <= 0) return NULL;
+  const size_t bb = kvl_kv_block_bytes(a->kv);
+  struct devpool *victim = &DP_[0];
+  for (int i = 0; i < N_DEVPOOL; i++) {
+    struct devpool *d = &DP_[i];
+    if (d->base == a->kv_base) {
+      if (d->n_blocks == a->kv_blocks && d->bb == bb) {
+        d->used = ++dp_clock;
+        return d->mem ? d : NULL;
+      }
+      victim = d; /* the same arena with another geometry: a new pool there */
+      break;
+    }
+    if (d->used < victim->used) victim = d;
+  }
+  devpool_drop(victim);
+  victim->base = a->kv_base, victim->n_blocks = a->kv_blocks, victim->bb = bb, victim->used = ++dp_clock;
+  victim->mem = (char *)kvl__cuda_alloc((size_t)a->kv_blocks * bb);
+  victim->stamp = (uint64_t *)calloc((size_t)a->kv_blocks, sizeof(uint64_t));
+  if (!victim->mem || !victim->stamp) {
+    static bool told;
+    if (!told)
+      fprintf(stderr, "kvlingo: CUDA arena has no room for a KV pool of %zu MiB: its blocks are copied per "
+                      "attention call (KVL_CUDA_MEM_MIB sets the arena)\n", (size_t)a->kv_blocks * bb >> 20);
+    told = true;
+    kvl__cuda_free(victim->mem);
+    free(victim->stamp);
+    victim->mem = NULL, victim->stamp = NULL;
+    return NULL;
+  }
+  return victim;
+}
+
+static int cmp_i32(const void *x, const void *y) {
+  const int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+  return (a > b) - (a < b);
+}
+
+/* the blocks sg's physical tables name whose copy is older than the pool's stamp, copied */
+static void devpool_sync(struct devpool *d, const struct kvl_attn_args *a, const kvl__cu_attn_stage *sg) {
+  std::vector<int32_t> stale;
+  for (int q = 0; q < sg->n_seq; q++)
+    for (int j = 0; j < sg->max_blocks; j++) {
+      const int32_t b = sg->tables[(size_t)q * sg->max_blocks + j];
+      if (b < 0) continue;
+      KVL_ASSERT(b < d->n_blocks);
+      if (d->stamp[b] != a->kv_stamps[b]) {
+        d->stamp[b] = a->kv_stamps[b];
+        stale.push_back(b);
+      }
+    }
+  qsort(stale.data(), stale.size(), sizeof(int32_t), cmp_i32);
+  for (size_t i = 0; i < stale.size();) {
+    size_t n = 1;
+    while (i + n < stale.size() && stale[i + n] == stale[i] + (int32_t)n) n++;
+    to_dev(d->mem + (size_t)stale[i] * d->bb, (const char *)a->kv_base + (size_t)stale[i] * d->bb, n * d->bb);
+    DPS_.blocks += n;
+    i += n;
+  }
+}
+
+/* where in a block the layer's K slab starts (its V slab follows) */
+static size_t slab_offset(const struct kvl_attn_args *a) {
+  return (size_t)((const char *)kvl_kv_k_ptr(a->kv, (void *)a->kv_base, 0, a->layer) - (const char *)a->kv_base);
+}
+
+/* KVL_CUDA_KV_CHECK: the rows of the layer the batch reads, device copy against host pool */
+static void devpool_check(const struct devpool *d, const struct kvl_attn_args *a, const kvl__cu_attn_stage *sg) {
+  const struct kvl_kv_layout *l = a->kv;
+  const size_t row = (size_t)l->n_kv_head * (size_t)l->head_dim * (l->dtype == KVL_KV_BF16 ? 2 : 4);
+  const size_t half = KVL_KV_BLOCK * row, off = slab_offset(a);
+  std::vector<int32_t> last((size_t)sg->n_seq, -1);
+  for (int t = 0; t < a->n_tokens; t++)
+    if (a->pos[t] > last[(size_t)a->seq[t]]) last[(size_t)a->seq[t]] = a->pos[t];
+  std::vector<char> got(2 * half);
+  for (int q = 0; q < sg->n_seq; q++)
+    for (int j = 0; j * KVL_KV_BLOCK <= last[(size_t)q]; j++) {
+      const int32_t b = sg->tables[(size_t)q * sg->max_blocks + j];
+      /* not counted in kvl_backend_traffic: the check is not the backend's work */
+      KVL_CK(cudaMemcpyAsync(got.data(), d->mem + (size_t)b * d->bb + off, 2 * half, cudaMemcpyDeviceToHost, S_.st));
+      KVL_CK(cudaStreamSynchronize(S_.st));
+      const char *host = (const char *)a->kv_base + (size_t)b * d->bb + off;
+      for (int r = 0; r < KVL_KV_BLOCK && j * KVL_KV_BLOCK + r <= last[(size_t)q]; r++)
+        for (int kv = 0; kv < 2; kv++)
+          if (memcmp(got.data() + kv * half + r * row, host + kv * half + r * row, row)) {
+            fprintf(stderr, "kvlingo: KVL_CUDA_KV_CHECK: the device copy of block %d (layer %d, %s row %d: "
+                            "sequence %d position %d) differs from the host pool\n", (int)b, a->layer,
+                    kv ? "V" : "K", r, q, j * KVL_KV_BLOCK + r);
+            abort();
+          }
+    }
+}
+
+static bool kv_check(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("KVL_CUDA_KV_CHECK");
+    on = e && *e && strcmp(e, "0") != 0;
+  }
+  return on;
+}
+
+/* The plan picks the kernel, its tiles and key chunks. The blocks the batch's sequences
+ * read: in the pool's device copy where it has one (kept current, read in place), else
+ * this layer's K and V slabs (adjacent in the pool) copied to the device in local order
+ * with the block tables rewritten to local ids (kvl__cu_attn_stage_make). */
 static void cu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   (void)be;
   if (a->n_tokens <= 0) return;
   kvl__cu_attn_stage sg;
   int32_t *tiles = (int32_t *)malloc(((size_t)a->n_tokens + 1) * sizeof(int32_t));
-  KVL_ASSERT(tiles && kvl__cu_attn_stage_make(a, &sg) == 0);
-  const kvl__cu_attn_plan plan = kvl__cu_attn_plan_make(a, S_.n_sm, tiles);
   pthread_mutex_lock(&S_.mu);
-  char *dblocks = (char *)dalloc((size_t)(sg.n_local > 0 ? sg.n_local : 1) * sg.slab);
-  for (int i = 0; i < sg.n_local; i++)
-    to_dev(dblocks + (size_t)i * sg.slab, sg.src[i], sg.slab);
+  struct devpool *dp = devpool_of(a);
+  KVL_ASSERT(tiles && kvl__cu_attn_stage_make(a, dp != NULL, &sg) == 0);
+  const kvl__cu_attn_plan plan = kvl__cu_attn_plan_make(a, S_.n_sm, tiles);
+  const size_t es = a->kv->dtype == KVL_KV_BF16 ? 2 : 4;
+  char *dblocks = NULL;
+  if (dp) {
+    devpool_sync(dp, a, &sg);
+    if (kv_check()) devpool_check(dp, a, &sg);
+  } else {
+    dblocks = (char *)dalloc((size_t)(sg.n_local > 0 ? sg.n_local : 1) * sg.slab);
+    for (int i = 0; i < sg.n_local; i++) to_dev(dblocks + (size_t)i * sg.slab, sg.src[i], sg.slab);
+  }
   const size_t qbytes = (size_t)a->n_tokens * (size_t)a->n_head * (size_t)a->kv->head_dim * sizeof(float);
   const size_t part = kvl__cu_attn_part_floats(&plan, a);
   const bool tiled = plan.path == KVL__CU_ATTN_TILED;
   struct dbuf b[8] = {
-      {dblocks, true},
+      {dblocks, dblocks != NULL},
       d_in(a->q, qbytes),
       d_out(a->out, qbytes, false),
       {part ? (char *)dalloc(part * sizeof(float)) : NULL, part > 0},
@@ -586,7 +734,13 @@ static void cu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   kvl__cu_attn_dev dv = {};
   dv.q = (const float *)b[1].d, dv.out = (float *)b[2].d, dv.part = (float *)b[3].d;
   dv.pos = (const int32_t *)b[4].d, dv.seq = (const int32_t *)b[5].d, dv.tiles = (const int32_t *)b[6].d;
-  dv.tables = (const int32_t *)b[7].d, dv.blocks = dblocks, dv.max_blocks = sg.max_blocks;
+  dv.tables = (const int32_t *)b[7].d, dv.max_blocks = sg.max_blocks;
+  if (dp) {
+    dv.blocks = dp->mem + slab_offset(a);
+    dv.bstride = (int64_t)(dp->bb / es);
+  } else {
+    dv.blocks = dblocks, dv.bstride = (int64_t)(sg.slab / es);
+  }
   kvl__cu_attention(&plan, a, &dv, S_.st);
   KVL_CK(cudaGetLastError());
   d_result(b[2], a->out, qbytes);
@@ -594,6 +748,46 @@ static void cu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   pthread_mutex_unlock(&S_.mu);
   kvl__cu_attn_stage_free(&sg);
   free(tiles);
+}
+
+/* The new rows to the host pool (the caller's k and v brought back first where they are
+ * kept on the device: one wait for both when adjacent), and into the pool's device copy. */
+static void cu_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const float *k, const float *v) {
+  (void)be;
+  const int T = a->n_tokens, kvw = a->kv->n_kv_head * a->kv->head_dim;
+  if (T <= 0) return;
+  const size_t n = (size_t)T * (size_t)kvw * sizeof(float);
+  pthread_mutex_lock(&S_.mu);
+  if (keeping()) {
+    if (v == k + (size_t)T * kvw) {
+      mirrors_settle((const char *)k, 2 * n, false);
+    } else {
+      mirrors_settle((const char *)k, n, false);
+      mirrors_settle((const char *)v, n, false);
+    }
+  }
+  pthread_mutex_unlock(&S_.mu);
+  kvl_kv_store(a->kv, (void *)a->kv_base, a->layer, T, k, v, a->pos, a->seq, a->block_tables);
+  pthread_mutex_lock(&S_.mu);
+  struct devpool *dp = devpool_of(a);
+  if (dp) {
+    std::vector<int32_t> where(2 * (size_t)T);
+    for (int t = 0; t < T; t++) {
+      where[(size_t)t] = a->block_tables[a->seq[t]][a->pos[t] / KVL_KV_BLOCK];
+      where[(size_t)T + t] = a->pos[t] % KVL_KV_BLOCK;
+      KVL_ASSERT(where[(size_t)t] >= 0 && where[(size_t)t] < dp->n_blocks);
+    }
+    struct kvl__cu_kv_geom g;
+    g.n_kv_head = a->kv->n_kv_head, g.head_dim = a->kv->head_dim, g.bf16 = a->kv->dtype == KVL_KV_BF16;
+    g.block_bytes = (int64_t)dp->bb, g.slab_bytes = (int64_t)KVL_KV_BLOCK * kvw * (g.bf16 ? 2 : 4);
+    struct dbuf b[3] = {d_in(k, n), d_in(v, n), {(char *)upload(where.data(), where.size() * sizeof(int32_t)), true}};
+    const int32_t *dw = (const int32_t *)b[2].d;
+    kvl__cu_kv_store_rows((const float *)b[0].d, dp->mem, &g, dw, dw + T, NULL, NULL, 2 * a->layer, T, S_.st);
+    kvl__cu_kv_store_rows((const float *)b[1].d, dp->mem, &g, dw, dw + T, NULL, NULL, 2 * a->layer + 1, T, S_.st);
+    KVL_CK(cudaGetLastError());
+    d_done(b, 3);
+  }
+  pthread_mutex_unlock(&S_.mu);
 }
 
 /* ---- translation ----------------------------------------------------------------------
@@ -836,8 +1030,8 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
           beta = 1.0f;
           j += len;
         }
-        kvl__cu_tr_store(y, ddst, &gd, d_blk + c0, d_slot + c0, d_pos + c0, dfreq + hs, i / 2, (i & 1) == 0, nc,
-                         S_.st);
+        kvl__cu_kv_store_rows(y, ddst, &gd, d_blk + c0, d_slot + c0, d_pos + c0, (i & 1) ? NULL : dfreq + hs, i,
+                              nc, S_.st);
       }
     }
     KVL_CK(cudaGetLastError());
@@ -861,7 +1055,7 @@ out:
 
 static const struct kvl_backend_ops cuda_ops = {cu_supports, cu_matmul,    cu_rmsnorm,   cu_rope, cu_swiglu,
                                                 cu_embed,    cu_attention, cu_translate, cu_add,  cu_begin,
-                                                cu_fetch,    cu_end,       cu_traffic};
+                                                cu_fetch,    cu_end,       cu_traffic,   cu_kv_put};
 
 static kvl_backend_t be_cuda;
 static pthread_once_t once = PTHREAD_ONCE_INIT;

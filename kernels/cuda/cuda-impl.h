@@ -39,17 +39,19 @@ void kvl__cu_swiglu(const float *g, const float *u, float *y, int64_t n, cudaStr
 void kvl__cu_add(float *h, const float *x, int64_t n, cudaStream_t st); /* h += x */
 void kvl__cu_embed(const __nv_bfloat16 *table, const int32_t *ids, float *y, int n_tokens, int64_t cols,
                    cudaStream_t st);
-/* Attention over a staged copy of one layer's KV (ops.cu explains the paths). Staging:
- * local block i is a copy of the host pool's K slab of the layer, then its V slab
- * (src[i], slab bytes together: K[16][kvw] then V[16][kvw], fp32 or bf16);
- * tables[s * max_blocks + j] is the local block of sequence s's logical block j. */
+/* Attention over one layer's KV (ops.cu explains the paths), in the pool's device copy or
+ * staged. Staging: local block i is a copy of the host pool's K slab of the layer, then
+ * its V slab (src[i], slab bytes together: K[16][kvw] then V[16][kvw], fp32 or bf16);
+ * tables[s * max_blocks + j] is the local block of sequence s's logical block j, or with
+ * `physical` its block in the pool (the device copy's tables); -1 past the blocks the
+ * batch reads. */
 struct kvl__cu_attn_stage {
   int n_seq, max_blocks, n_local;
   int32_t *tables;  /* [n_seq][max_blocks] */
   const void **src; /* [n_local] */
   size_t slab;
 };
-int kvl__cu_attn_stage_make(const struct kvl_attn_args *a, kvl__cu_attn_stage *s); /* 0 or KVL_ENOMEM */
+int kvl__cu_attn_stage_make(const struct kvl_attn_args *a, bool physical, kvl__cu_attn_stage *s); /* 0, KVL_ENOMEM */
 void kvl__cu_attn_stage_free(kvl__cu_attn_stage *s);
 
 /* How a batch runs: the warp path, or tiled (n_tiles query tiles, whose token starts
@@ -67,8 +69,9 @@ struct kvl__cu_attn_dev {
   const float *q;
   float *out, *part;
   const int32_t *pos, *seq, *tiles, *tables;
-  const void *blocks;
+  const void *blocks; /* the layer's K slab of block 0 */
   int max_blocks;
+  int64_t bstride;    /* elements from one block's slab to the next's (staged: 2 * 16 * kvw) */
 };
 void kvl__cu_attention(const kvl__cu_attn_plan *p, const struct kvl_attn_args *a, const kvl__cu_attn_dev *dv,
                        cudaStream_t st);
@@ -82,8 +85,11 @@ void kvl__cu_tr_gather(const void *blocks, const kvl__cu_kv_geom *g, const int32
                        const int32_t *pos, const float *inv_freq, const int32_t *layers, int n_layers, int n_src,
                        bool keys, int n, __nv_bfloat16 *x, cudaStream_t st);
 void kvl__cu_tr_fill(float *y, const float *bias, int n, int w, cudaStream_t st);
-void kvl__cu_tr_store(const float *y, void *blocks, const kvl__cu_kv_geom *g, const int32_t *blk, const int32_t *slot,
-                      const int32_t *pos, const float *inv_freq, int layer, bool keys, int n, cudaStream_t st);
+/* rows y[n][w] into slab `slab` of the blocks (2L: layer L's K, 2L + 1: its V), rotated at
+ * pos first where inv_freq is given: translation's target rows and the forward's new K/V */
+void kvl__cu_kv_store_rows(const float *y, void *blocks, const kvl__cu_kv_geom *g, const int32_t *blk,
+                           const int32_t *slot, const int32_t *pos, const float *inv_freq, int slab, int n,
+                           cudaStream_t st);
 
 KVL_CU_END
 

@@ -153,6 +153,7 @@ struct attn_k {
   const void *blocks;
   int max_blocks, n_head, n_kv_head, d, hpc, chunk, n_rows;
   float scale;
+  int64_t bstride; /* elements from a block's K slab of the layer to the next block's */
 };
 
 template <typename KV>
@@ -170,7 +171,7 @@ __global__ void k_attn_warp(attn_k k) {
   const int32_t *bt = k.tables + (int64_t)k.seq[t] * k.max_blocks;
   float m = -INFINITY, l = 0.0f;
   for (int j = 0; j <= k.pos[t]; j++) {
-    const KV *blk = blocks + (int64_t)bt[j / 16] * 2 * 16 * kvw;
+    const KV *blk = blocks + (int64_t)bt[j / 16] * k.bstride;
     const KV *kr = blk + (int64_t)(j % 16) * kvw + (int64_t)kh * d, *vr = kr + (int64_t)16 * kvw;
     float s = 0.0f;
     for (int e = 0; e < per; e++) {
@@ -231,7 +232,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_tiled(attn_k k) {
       const int j = i / D, c = i % D, key = j0 + j;
       float kv = 0.0f, vv = 0.0f;
       if (key < hi) {
-        const KV *kp = blocks + ((int64_t)bt[key / 16] * 32 + key % 16) * kvw + (int64_t)kh * D + c;
+        const KV *kp = blocks + (int64_t)bt[key / 16] * k.bstride + (int64_t)(key % 16) * kvw + (int64_t)kh * D + c;
         kv = kv_at(kp);
         vv = kv_at(kp + (int64_t)16 * kvw);
       }
@@ -306,7 +307,7 @@ __global__ void k_attn_combine(attn_k k, int n_split) {
   }
 }
 
-int kvl__cu_attn_stage_make(const struct kvl_attn_args *a, kvl__cu_attn_stage *s) {
+int kvl__cu_attn_stage_make(const struct kvl_attn_args *a, bool physical, kvl__cu_attn_stage *s) {
   const struct kvl_kv_layout *l = a->kv;
   *s = kvl__cu_attn_stage{};
   for (int t = 0; t < a->n_tokens; t++) {
@@ -315,12 +316,13 @@ int kvl__cu_attn_stage_make(const struct kvl_attn_args *a, kvl__cu_attn_stage *s
   }
   /* blocks needed per sequence: up to its highest position in the batch */
   int *need = (int *)calloc((size_t)s->n_seq, sizeof(int));
-  s->tables = (int32_t *)calloc((size_t)s->n_seq * (size_t)s->max_blocks, sizeof(int32_t));
+  s->tables = (int32_t *)malloc((size_t)(s->n_seq * s->max_blocks > 0 ? s->n_seq * s->max_blocks : 1) * sizeof(int32_t));
   if (!need || !s->tables) {
     free(need);
     kvl__cu_attn_stage_free(s);
     return KVL_ENOMEM;
   }
+  for (size_t i = 0; i < (size_t)s->n_seq * (size_t)s->max_blocks; i++) s->tables[i] = -1;
   for (int t = 0; t < a->n_tokens; t++)
     if (a->pos[t] / KVL_KV_BLOCK + 1 > need[a->seq[t]]) need[a->seq[t]] = a->pos[t] / KVL_KV_BLOCK + 1;
   for (int q = 0; q < s->n_seq; q++) s->n_local += need[q];
@@ -335,7 +337,8 @@ int kvl__cu_attn_stage_make(const struct kvl_attn_args *a, kvl__cu_attn_stage *s
   for (int q = 0; q < s->n_seq; q++)
     for (int j = 0; j < need[q]; j++) {
       s->src[next] = kvl_kv_k_ptr(l, (void *)a->kv_base, a->block_tables[q][j], a->layer);
-      s->tables[(size_t)q * s->max_blocks + j] = next++;
+      s->tables[(size_t)q * s->max_blocks + j] = physical ? a->block_tables[q][j] : next;
+      next++;
     }
   free(need);
   return 0;
@@ -383,7 +386,7 @@ void kvl__cu_attention(const kvl__cu_attn_plan *p, const struct kvl_attn_args *a
   const bool bf16 = a->kv->dtype == KVL_KV_BF16;
   const attn_k k = {dv->q,      dv->out,     dv->part,         dv->pos, dv->seq, dv->tiles, dv->tables, dv->blocks,
                     dv->max_blocks, a->n_head, a->kv->n_kv_head, d,       p->hpc,  p->chunk,  a->n_tokens * a->n_head,
-                    a->scale};
+                    a->scale,       dv->bstride};
   if (p->path == KVL__CU_ATTN_WARP) {
     const dim3 grid((unsigned)a->n_tokens, (unsigned)a->n_head);
     if (bf16) KVL_LAUNCH(k_attn_warp<__nv_bfloat16>, grid, 32, st, k);
@@ -461,19 +464,19 @@ void kvl__cu_tr_fill(float *y, const float *bias, int n, int w, cudaStream_t st)
   if (total > 0) KVL_LAUNCH(k_tr_fill, blocks_for(total, 256), 256, st, y, bias, total, w);
 }
 
-/* Target layer `layer`'s keys (rotated forward at pos[i]) or values y[i][w] stored into
- * the target blocks; one block per position, a thread per pair. */
+/* Rows y[i][w] stored into slab `slab` (2L: layer L's keys, 2L + 1: its values) of the
+ * blocks, rotated forward at pos[i] first where inv_freq is given (translation's keys);
+ * one block per position, a thread per pair. */
 template <typename KV>
-__global__ void k_tr_store(const float *y, char *blocks, kvl__cu_kv_geom g, const int32_t *blk, const int32_t *slot,
-                           const int32_t *pos, const float *inv_freq, int layer, bool keys) {
+__global__ void k_kv_store_rows(const float *y, char *blocks, kvl__cu_kv_geom g, const int32_t *blk,
+                                const int32_t *slot, const int32_t *pos, const float *inv_freq, int slab) {
   const int i = blockIdx.x, d = g.head_dim, h2 = d / 2, w = g.n_kv_head * d;
-  KV *row = (KV *)(blocks + (int64_t)blk[i] * g.block_bytes + (int64_t)(2 * layer + (keys ? 0 : 1)) * g.slab_bytes) +
-            (int64_t)slot[i] * w;
+  KV *row = (KV *)(blocks + (int64_t)blk[i] * g.block_bytes + (int64_t)slab * g.slab_bytes) + (int64_t)slot[i] * w;
   const float *yr = y + (int64_t)i * w;
   for (int p = threadIdx.x; p < g.n_kv_head * h2; p += blockDim.x) {
     const int h = p / h2, k = p % h2;
     const float a = yr[h * d + k], b = yr[h * d + k + h2];
-    if (keys) {
+    if (inv_freq) {
       const double ang = (double)pos[i] * (double)inv_freq[k];
       const float c = (float)cos(ang), si = (float)sin(ang);
       kv_put(row + h * d + k, a * c - b * si);
@@ -485,13 +488,14 @@ __global__ void k_tr_store(const float *y, char *blocks, kvl__cu_kv_geom g, cons
   }
 }
 
-void kvl__cu_tr_store(const float *y, void *blocks, const kvl__cu_kv_geom *g, const int32_t *blk, const int32_t *slot,
-                      const int32_t *pos, const float *inv_freq, int layer, bool keys, int n, cudaStream_t st) {
+void kvl__cu_kv_store_rows(const float *y, void *blocks, const kvl__cu_kv_geom *g, const int32_t *blk,
+                           const int32_t *slot, const int32_t *pos, const float *inv_freq, int slab, int n,
+                           cudaStream_t st) {
   if (n <= 0) return;
   if (g->bf16)
-    KVL_LAUNCH(k_tr_store<__nv_bfloat16>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, layer, keys);
+    KVL_LAUNCH(k_kv_store_rows<__nv_bfloat16>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, slab);
   else
-    KVL_LAUNCH(k_tr_store<float>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, layer, keys);
+    KVL_LAUNCH(k_kv_store_rows<float>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, slab);
 }
 
 KVL_CU_END

@@ -113,7 +113,18 @@ struct kvl_attn_args {
   const struct kvl_kv_layout *kv;
   const void *kv_base;         /* the pool: block b at kv_base + b * kvl_kv_block_bytes */
   float scale;                 /* usually 1/sqrt(head_dim) */
+  /* Optional: the pool's write stamps, one per physical block (kv_blocks of them), for a
+   * backend that keeps a copy of the pool on its device. A block's stamp changes (to a new
+   * value from kvl_kv_stamp_new) whenever its host bytes are written other than by
+   * kvl_kv_put through that backend; the backend copies a block again when its stamp is
+   * not the one it copied. NULL: no copy kept, the blocks are read from the host pool. */
+  const uint64_t *kv_stamps;
+  int32_t kv_blocks;
 };
+
+/* A write stamp never handed out before in this process (never 0), so a copy made under
+ * one stamp cannot match a block written since, even in another pool at the same address. */
+uint64_t kvl_kv_stamp_new(void);
 
 /* Where one (block, layer) keeps its keys and values. */
 void *kvl_kv_k_ptr(const struct kvl_kv_layout *l, void *base, int32_t block, int layer);
@@ -170,7 +181,10 @@ kvl_backend_t *kvl_backend_cpu_level(const char *level);
  * use, own kernels for the other ops) on device KVL_CUDA_DEVICE (default 0), with a device
  * arena of KVL_CUDA_MEM_MIB (default 80% of the free memory); or NULL with the reason in
  * why (built without CUDA, no device, a device older than compute 8.0). The interface's
- * arrays stay host arrays: each op copies in and out. Static: never freed. */
+ * arrays stay host arrays (kvl_backend_begin: kept on the device between ops); a pool
+ * whose attention calls carry write stamps is copied to the device block by block and
+ * kept there (kvl_attn_args), otherwise attention copies the blocks it reads each call.
+ * Static: never freed. */
 kvl_backend_t *kvl_backend_cuda(char *why, size_t whylen);
 /* The scalar references (kernels/ref/) behind the backend interface: a whole forward
  * pass on the slow truth, for tests. */
@@ -212,6 +226,12 @@ void kvl_embed(kvl_backend_t *be, const struct kvl_weight *table, const int32_t 
 void kvl_attention(kvl_backend_t *be, const struct kvl_attn_args *a);
 /* h[i] += x[i] */
 void kvl_add(kvl_backend_t *be, float *h, const float *x, int64_t n);
+/* Store the K and V rows k, v ([T][n_kv_head * head_dim], fp32) of a's tokens at layer
+ * a->layer (a's n_tokens, pos, seq, block_tables, layer, kv, kv_base; q and out unused):
+ * into the host pool, as kvl_kv_store, and, where the backend keeps a device copy of the
+ * pool (a->kv_stamps given), into that copy too, so the block stays current there. Within
+ * a begin/end bracket k and v may be an op's outputs still on the device. */
+void kvl_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const float *k, const float *v);
 
 /* Activations kept on a backend's device between ops. Between kvl_backend_begin and
  * kvl_backend_end (on one thread; no nesting), an op's output may stay on the device with

@@ -88,6 +88,17 @@ void kvl_pool_free(kvl_pool_t *p);
 /* The hot arena, as the forward's kvl_kv_view.base. */
 void *kvl_pool_base(kvl_pool_t *p);
 const struct kvl_kv_layout *kvl_pool_layout(const kvl_pool_t *p);
+/* The hot arena's write stamps, one per hot block (kvl_pool_hot_blocks of them), as the
+ * forward's kvl_kv_view.stamps: a slot's stamp changes whenever the pool writes or hands
+ * out the slot (a restore from the cold or disk tier, a copy on write, a new block), and
+ * at kvl_line_written. A device backend keeps its copy of a block while the stamp is the
+ * one it copied under. */
+const uint64_t *kvl_pool_stamps(const kvl_pool_t *p);
+int32_t kvl_pool_hot_blocks(const kvl_pool_t *p);
+/* The caller wrote the host bytes of positions [from, to) of the hot line l other than by
+ * a forward pass through kvl_kv_put (translation, a test's own rows): their blocks get new
+ * stamps. */
+void kvl_line_written(kvl_line_t *l, int32_t from, int32_t to);
 void kvl_pool_stats(const kvl_pool_t *p, struct kvl_pool_stats *s);
 /* Free hot slots available now, counting cached blocks that could be evicted. */
 int32_t kvl_pool_available(const kvl_pool_t *p);

@@ -23,6 +23,7 @@
 #include "../tiny_fingerprint.h"
 #include "../tiny_model.h"
 #include "kvl_error.h"
+#include "kvl_kvpool.h"
 #include "kvl_kernels.h"
 #include "kvl_model.h"
 #include "kvl_quant.h"
@@ -311,7 +312,7 @@ static void switch_on(kvl_backend_t *be, kvl_model_t *A, kvl_model_t *B, const k
   for (int i = 0; i < T; i++) pos[i] = i;
   void *pa = calloc((size_t)nb, kvl_kv_block_bytes(&la)), *pb = calloc((size_t)nb, kvl_kv_block_bytes(&lb));
   const int32_t *tabs_a[] = {ta}, *tabs_b[] = {tb};
-  struct kvl_kv_view kva = {&la, pa, tabs_a}, kvb = {&lb, pb, tabs_b};
+  struct kvl_kv_view kva = {&la, pa, tabs_a, NULL, 0}, kvb = {&lb, pb, tabs_b, NULL, 0};
   struct kvl_batch prompt = {T, ids, pos, seq, NULL};
   CHECK_EQ_INT(kvl_model_forward(A, be, &prompt, &kva, NULL, NULL), 0);
   struct kvl_rope ra, rb;
@@ -375,6 +376,121 @@ static void test_switch(void) {
   free(ba), free(bb);
 }
 
+/* ---- a scheduler pool kept on the device ---------------------------------------------
+ * The life of a pool's lines on one backend, through the pool's write stamps as the
+ * scheduler passes them: a prompt, 30 decode steps (two new blocks), a fork whose next
+ * token copies the shared tail block, an offload to the cold tier while another line takes
+ * the hot slots, the restore, and rows written on the host (as translation on the CPU
+ * does) announced by kvl_line_written. Logits at each of 6 points on the device against
+ * the CPU's (bound 0.5, same argmax); main sets KVL_CUDA_KV_CHECK, so every attention call
+ * also compares the device's copy of the rows it reads with the host pool, bit for bit.
+ * And the decode steps copy in less than a quarter of what staging the context per layer
+ * would. */
+static void pool_step(kvl_backend_t *be, kvl_model_t *m, kvl_line_t *l, const int32_t *ids, int n, float *lg) {
+  kvl_pool_t *p = kvl_line_pool(l);
+  const int32_t start = kvl_line_len(l);
+  int32_t pos[64], seq[64] = {0};
+  int8_t want[64] = {0};
+  KVL_ASSERT(n <= 64);
+  CHECK_EQ_INT(kvl_line_append(l, ids, n, KVL_WRITER_NATIVE), 0);
+  for (int i = 0; i < n; i++) pos[i] = start + i;
+  want[n - 1] = 1;
+  const int32_t *tabs[] = {kvl_line_block_table(l)};
+  struct kvl_kv_view kv = {kvl_pool_layout(p), kvl_pool_base(p), tabs, kvl_pool_stamps(p), kvl_pool_hot_blocks(p)};
+  struct kvl_batch b = {n, ids, pos, seq, want};
+  CHECK_EQ_INT(kvl_model_forward(m, be, &b, &kv, lg, NULL), 0);
+}
+
+enum { POOL_POINTS = 6 };
+
+/* the script on one backend: lg[POOL_POINTS][n_vocab]; *decode_in: bytes copied in over the decode steps */
+static void pool_script(kvl_backend_t *be, kvl_model_t *m, bool rewrite, float *lg, unsigned long long *decode_in,
+                        unsigned long long *staged_in) {
+  const struct kvl_model_hparams *hp = kvl_model_hparams(m);
+  const size_t V = (size_t)hp->n_vocab;
+  struct kvl_kv_layout kl = kvl_model_kv_layout(m, KVL_KV_BF16);
+  struct kvl_pool_config pc = {.layout = kl, .hot_bytes = 10 * kvl_kv_block_bytes(&kl),
+                               .cold_bytes = 16 * kvl_kv_block_bytes(&kl)};
+  kvl_pool_t *p;
+  CHECK_EQ_INT(kvl_pool_new(&pc, &p), 0);
+  int32_t ids[128];
+  unsigned long long r = 9;
+  for (int i = 0; i < 128; i++) ids[i] = (int32_t)(kvl_test_rand(&r) % V);
+  kvl_line_t *a = kvl_line_new(p);
+  pool_step(be, m, a, ids, 40, lg); /* 1: the prompt */
+  struct kvl_backend_traffic t0, t1;
+  kvl_backend_traffic(be, &t0);
+  *staged_in = 0;
+  for (int i = 40; i < 70; i++) {
+    pool_step(be, m, a, ids + i, 1, lg + V);                  /* 2: decode, blocks 3 and 4 new */
+    const size_t slab = kvl_kv_block_bytes(&kl) / (size_t)hp->n_layer;
+    *staged_in += (unsigned long long)((i / KVL_KV_BLOCK + 1) * slab * (size_t)hp->n_layer);
+  }
+  kvl_backend_traffic(be, &t1);
+  *decode_in = t1.bytes_in - t0.bytes_in;
+  kvl_line_t *b = kvl_line_fork(a);
+  pool_step(be, m, b, ids + 70, 1, lg + 2 * V); /* 3: b copies the shared tail block */
+  pool_step(be, m, a, ids + 71, 1, lg + 3 * V);
+  CHECK_EQ_INT(kvl_line_offload(b), 0);         /* 4: b's own block to the cold tier, */
+  kvl_line_t *c = kvl_line_new(p);              /* its slot to another line, */
+  pool_step(be, m, c, ids + 80, 40, NULL);
+  kvl_line_free(c);
+  CHECK_EQ_INT(kvl_line_restore(b), 0);         /* and back */
+  pool_step(be, m, b, ids + 72, 1, lg + 4 * V);
+  /* 5: a's first block rewritten on the host (block 0 is b's too), as a translation does */
+  float k[64 * 32], v[64 * 32];
+  const int kvw = hp->n_kv_head * hp->head_dim;
+  KVL_ASSERT(kvw <= 64);
+  fill(k, (size_t)16 * kvw, 1.0f), fill(v, (size_t)16 * kvw, 1.0f);
+  int32_t pos[16], seq[16] = {0};
+  for (int i = 0; i < 16; i++) pos[i] = i;
+  const int32_t *tabs[] = {kvl_line_block_table(a)};
+  for (int layer = 0; layer < hp->n_layer && rewrite; layer++)
+    kvl_kv_store(&kl, kvl_pool_base(p), layer, 16, k, v, pos, seq, tabs);
+  kvl_line_written(a, 0, 16);
+  pool_step(be, m, a, ids + 73, 1, lg + 5 * V);
+  kvl_line_free(a), kvl_line_free(b);
+  kvl_pool_free(p);
+}
+
+static void test_pool(void) {
+  struct tiny_opts o = {.n_layer = 2, .seed = 21};
+  void *buf;
+  kvl_model_t *m = tiny_model_load(&o, &buf);
+  const int V = kvl_model_hparams(m)->n_vocab;
+  float *lg[3];
+  unsigned long long in[3], staged[3];
+  for (int i = 0; i < 3; i++) lg[i] = malloc((size_t)POOL_POINTS * V * 4);
+  pool_script(kvl_backend_cpu(), m, true, lg[0], &in[0], &staged[0]);
+  pool_script(cu, m, true, lg[1], &in[1], &staged[1]);
+  pool_script(kvl_backend_cpu(), m, false, lg[2], &in[2], &staged[2]);
+  static const char *what[POOL_POINTS] = {"prompt of 40", "30 decode steps",  "fork: tail block copied",
+                                          "the line forked from",  "offloaded, restored", "rows written on the host"};
+  for (int i = 0; i < POOL_POINTS; i++) {
+    int am[2];
+    const double worst = logprob_gap(lg[0] + (size_t)i * V, lg[1] + (size_t)i * V, V, am);
+    const bool ok = worst <= 0.5 && am[0] == am[1];
+    printf("%s pool       %-40s max |d log-prob| %.3f (bound 0.5), argmax %d / %d\n", ok ? "ok  " : "FAIL", what[i],
+           worst, am[0], am[1]);
+    if (!ok) n_bad++;
+    CHECK(ok);
+  }
+  /* the host's rewrite matters: without it the CPU answers otherwise (a stale copy would show) */
+  int am[2];
+  const double moved = logprob_gap(lg[0] + 5 * (size_t)V, lg[2] + 5 * (size_t)V, V, am);
+  printf("%s pool       %-40s max |d log-prob| %.3f without the rewrite (at least 0.05)\n",
+         moved >= 0.05 ? "ok  " : "FAIL", "rows written on the host", moved);
+  CHECK(moved >= 0.05);
+  const bool less = in[1] * 4 < staged[1];
+  printf("%s pool       %-40s %.1f kB copied in; staging each layer's context: %.1f kB\n", less ? "ok  " : "FAIL",
+         "30 decode steps", (double)in[1] / 1e3, (double)staged[1] / 1e3);
+  if (!less) n_bad++;
+  CHECK(less);
+  for (int i = 0; i < 3; i++) free(lg[i]);
+  kvl_model_free(m);
+  free(buf);
+}
+
 /* A 64-token prompt through the whole model on the CPU and on the GPU: the last
  * position's log-probabilities. */
 static void test_model(const char *path) {
@@ -396,10 +512,12 @@ static void test_model(const char *path) {
   for (int t = 0; t < T; t++) ids[t] = (int32_t)(kvl_test_rand(&s) % (unsigned long long)hp->n_vocab), pos[t] = t;
   want[T - 1] = 1;
   const int32_t *tables[] = {table};
+  uint64_t stamps[4]; /* the GPU keeps the pool on the device, as the scheduler's */
+  for (int i = 0; i < nb; i++) stamps[i] = kvl_kv_stamp_new();
   float *lg[2];
   for (int b = 0; b < 2; b++) {
     void *pool = calloc((size_t)nb, kvl_kv_block_bytes(&kl));
-    struct kvl_kv_view kv = {&kl, pool, tables};
+    struct kvl_kv_view kv = {&kl, pool, tables, b ? stamps : NULL, b ? nb : 0};
     struct kvl_batch batch = {T, ids, pos, seq, want};
     lg[b] = malloc((size_t)hp->n_vocab * 4);
     struct kvl_backend_traffic t0, t1;
@@ -439,6 +557,7 @@ int main(int argc, char **argv) {
   char why[256];
   const bool sim = argc > 1 && !strcmp(argv[1], "--sim");
   const char *model = argc > 1 + sim ? argv[1 + sim] : NULL;
+  setenv("KVL_CUDA_KV_CHECK", "1", 0); /* every attention over a kept pool checks the device's copy */
   cu = sim ? kvl_backend_cuda_sim(why, sizeof(why)) : kvl_backend_cuda(why, sizeof(why));
   if (!cu) {
     printf("skipped: %s\n", why);
@@ -452,6 +571,7 @@ int main(int argc, char **argv) {
   RUN(test_attention);
   RUN(test_translate);
   RUN(test_switch);
+  RUN(test_pool);
   if (model) {
     int before = kvl_test_failed;
     test_model(model);

@@ -133,7 +133,7 @@ int main(int argc, char **argv) {
     int32_t *table = malloc((size_t)nb * sizeof(int32_t));
     for (int i = 0; i < nb; i++) table[i] = nb - 1 - i;
     const int32_t *tables[] = {table};
-    struct kvl_kv_view kv = {&kl, pool, tables};
+    struct kvl_kv_view kv = {&kl, pool, tables, NULL, 0};
     float *kpre[8], *vcap[8];
     for (uint64_t l = 0; l < n_layers; l++) {
       kpre[l] = malloc((size_t)n * KV * 4);

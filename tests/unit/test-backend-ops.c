@@ -719,7 +719,7 @@ static void perf_attention_turn(kvl_backend_t *be) {
     fill(q, (size_t)T * qw, 1.0f);
     for (int t = 0; t < T; t++) pos[t] = D + t;
     const int32_t *bts[] = {ids};
-    struct kvl_attn_args a = {T, q, o, pos, sq, bts, n_head, 0, &l, pool, 0.088f};
+    struct kvl_attn_args a = {T, q, o, pos, sq, bts, n_head, 0, &l, pool, 0.088f, NULL, 0};
     const double best = time_attention(be, &a, l.n_layer);
     const double flop = 4.0 * T * (D + T / 2.0) * n_head * l.head_dim * l.n_layer; /* QK and PV */
     printf("  attention turn, %s: 32 tokens after %d positions, %d layers: %7.2f ms  %6.1f GFLOP/s\n", geo[gi].name, D,
@@ -752,7 +752,7 @@ static void perf_attention(kvl_backend_t *be) {
     fill_kv_pool(pool, n_blocks, &l);
     fill(q, (size_t)S * qw, 1.0f);
     for (int s = 0; s < S; s++) bts[s] = ids + (size_t)s * nb, pos[s] = ctx - 1, sq[s] = s;
-    struct kvl_attn_args a = {S, q, o, pos, sq, bts, n_head, 0, &l, pool, 0.088f};
+    struct kvl_attn_args a = {S, q, o, pos, sq, bts, n_head, 0, &l, pool, 0.088f, NULL, 0};
     const double best = time_attention(be, &a, l.n_layer);
     const double bytes = (double)S * ctx * l.n_layer * 2 * l.n_kv_head * l.head_dim * 2;
     printf("  attention decode, 16 streams x %d positions, 28 layers: %7.2f ms  %6.2f GB/s of KV\n", ctx, best * 1e3,

@@ -43,7 +43,7 @@ static float *solo_logits(kvl_model_t *m, const int32_t *toks, int n, enum kvl_k
   int32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7}, pos[64], seq[64];
   const int32_t *tables[] = {table};
   for (int i = 0; i < n; i++) { pos[i] = i; seq[i] = 0; }
-  struct kvl_kv_view kv = {&kl, pool, tables};
+  struct kvl_kv_view kv = {&kl, pool, tables, NULL, 0};
   struct kvl_batch b = {n, toks, pos, seq, NULL};
   float *lg = malloc((size_t)n * hp->n_vocab * sizeof(float));
   CHECK_EQ_INT(kvl_model_forward(m, be, &b, &kv, lg, NULL), 0);
@@ -79,7 +79,7 @@ static void run_mixed(kvl_model_t *m, enum kvl_kv_dtype dt, double bound) {
   void *pool = calloc(12, kvl_kv_block_bytes(&kl));
   int32_t tA[] = {7, 2, 10}, tB[] = {4, 11};
   const int32_t *tables[] = {tA, tB};
-  struct kvl_kv_view kv = {&kl, pool, tables};
+  struct kvl_kv_view kv = {&kl, pool, tables, NULL, 0};
   float *gotA = malloc((size_t)LA * NV * 4), *gotB = malloc((size_t)LB * NV * 4);
   static const struct { int a0, a1, b0, b1; } steps[] = {{0, 20, 0, 5}, {20, 37, 5, 6}, {37, 37, 6, 21}};
   for (int st = 0; st < 3; st++) {
@@ -109,7 +109,7 @@ static void run_mixed(kvl_model_t *m, enum kvl_kv_dtype dt, double bound) {
   int32_t t2[] = {2, 0, 1}, pos[LA], seq[LA];
   const int32_t *tables2[] = {t2};
   for (int i = 0; i < LA; i++) { pos[i] = i; seq[i] = 0; }
-  struct kvl_kv_view kv2 = {&kl32, pool2, tables2};
+  struct kvl_kv_view kv2 = {&kl32, pool2, tables2, NULL, 0};
   int8_t want[LA] = {0};
   want[LA - 1] = 1;
   struct kvl_batch b = {LA, A, pos, seq, want};
@@ -189,7 +189,7 @@ static void test_refusals(void) {
   void *pool = calloc(1, kvl_kv_block_bytes(&kl));
   int32_t table[] = {0}, toks[] = {5, 300}, pos[] = {0, 1}, seq[] = {0, 0};
   const int32_t *tables[] = {table};
-  struct kvl_kv_view kv = {&kl, pool, tables};
+  struct kvl_kv_view kv = {&kl, pool, tables, NULL, 0};
   struct kvl_batch b = {2, toks, pos, seq, NULL};
   float lg[2 * 300];
   CHECK_EQ_INT(kvl_model_forward(m, kvl_backend_cpu(), &b, &kv, lg, NULL), KVL_EINVAL);
@@ -223,7 +223,7 @@ static void test_sink_rows(void) {
   float lg[3][300];
   for (int run = 0; run < 3; run++) {
     pools[run] = calloc(1, pool_len);
-    struct kvl_kv_view kv = {&kl, pools[run], tables};
+    struct kvl_kv_view kv = {&kl, pools[run], tables, NULL, 0};
     if (run < 2) { /* 0: computes and remembers position 0; 1: stores it */
       struct kvl_batch b = {n, toks, pos, seq, want};
       CHECK_EQ_INT(kvl_model_forward(m, kvl_backend_cpu(), &b, &kv, lg[run], NULL), 0);

@@ -339,7 +339,7 @@ static void test_dense_equals_engine(void) {
   void *pool = calloc(NB, kvl_kv_block_bytes(&kl));
   int32_t table[NB] = {0, 1, 2, 3};
   const int32_t *tables[1] = {table};
-  struct kvl_kv_view kv = {&kl, pool, tables};
+  struct kvl_kv_view kv = {&kl, pool, tables, NULL, 0};
   float *ref = malloc(sizeof(float) * (PP + TT) * NV), *got = malloc(sizeof(float) * TT * NV);
   struct kvl_batch b = {PP + TT, tok, pos, seq, NULL};
   CHECK_EQ_INT(kvl_model_forward(m, kvl_backend_ref(), &b, &kv, ref, NULL), 0);

@@ -46,7 +46,7 @@ static float *run(const int32_t *table, const int32_t *toks, int n, int32_t pos0
   int32_t pos[64], seq[64];
   for (int i = 0; i < n; i++) { pos[i] = pos0 + i; seq[i] = 0; }
   const int32_t *tables[] = {table};
-  struct kvl_kv_view kv = {&g_kl, g_pool, tables};
+  struct kvl_kv_view kv = {&g_kl, g_pool, tables, NULL, 0};
   struct kvl_batch b = {n, toks, pos, seq, NULL};
   float *lg = malloc((size_t)n * g_nv * sizeof(float));
   CHECK_EQ_INT(kvl_model_forward(g_m, kvl_backend_cpu(), &b, &kv, lg, cap), 0);
@@ -451,7 +451,7 @@ static float *run_line(kvl_line_t *l, const int32_t *toks, int n, int32_t pos0) 
   for (int i = 0; i < n; i++) { pos[i] = pos0 + i; seq[i] = 0; }
   const int32_t *tables[] = {kvl_line_block_table(l)};
   kvl_pool_t *p = kvl_line_pool(l);
-  struct kvl_kv_view kv = {kvl_pool_layout(p), kvl_pool_base(p), tables};
+  struct kvl_kv_view kv = {kvl_pool_layout(p), kvl_pool_base(p), tables, NULL, 0};
   struct kvl_batch b = {n, toks, pos, seq, NULL};
   float *lg = malloc((size_t)n * g_nv * sizeof(float));
   CHECK_EQ_INT(kvl_model_forward(g_m, kvl_backend_cpu(), &b, &kv, lg, NULL), 0);
