@@ -11,8 +11,10 @@
  * The interface passes host arrays. Outside kvl_backend_begin .. end each op copies its
  * inputs in and its outputs back; inside (a forward pass's layers) outputs stay in device
  * mirrors of their host ranges and later ops read them there (the section "activations
- * kept on the device"). Attention stages the blocks its batch reads from the host pool;
- * the hot KV pool on the device (the cold tier in pinned host memory) is the next step.
+ * kept on the device"). A KV pool whose calls carry write stamps (the scheduler's) has a
+ * copy on the device that attention reads in place, kept current block by block (the
+ * section "the pool on the device"); other pools' blocks are staged per attention call.
+ * Small uploads go through a pinned staging ring (to_dev).
  *
  * Compiled for the CPU too (sim-backend.cc, KVL_CUDA_SIM: sim.h's runtime and cuBLASLt
  * subsets, the kernels under its execution model), where it is kvl_backend_cuda_sim. */
@@ -137,6 +139,8 @@ struct cuda_state {
   void *workspace; /* cuBLASLt's */
   size_t ws_bytes;
   pthread_mutex_t mu; /* one op at a time on the stream */
+  char *pin;          /* pinned staging for uploads (NULL: none, copies from pageable memory) */
+  size_t pin_bytes, pin_used;
 };
 
 static struct cuda_state S_;
@@ -154,7 +158,23 @@ static void *dalloc(size_t bytes) {
 /* the stream's copies and waits, counted (kvl_backend_traffic) */
 static struct kvl_backend_traffic T_;
 
+static void wait_stream(void);
+
+/* An upload goes through the pinned staging ring where it fits (a quarter of the ring at
+ * most): a copy from pageable memory may wait for the stream before it starts (the
+ * driver stages it), one from pinned memory is queued like a kernel. The ring's bytes are
+ * free again at the next wait for the stream (everything queued before it has run), so an
+ * upload that finds the ring full waits (counted). Larger ones (weights, a pool's blocks
+ * at depth) come from pageable memory. */
 static void to_dev(void *d, const void *h, size_t bytes) {
+  const size_t len = (bytes + 63) / 64 * 64;
+  if (S_.pin && len <= S_.pin_bytes / 4) {
+    if (S_.pin_used + len > S_.pin_bytes) wait_stream();
+    char *p = S_.pin + S_.pin_used;
+    S_.pin_used += len;
+    memcpy(p, h, bytes);
+    h = p;
+  }
   KVL_CK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, S_.st));
   T_.copies_in++, T_.bytes_in += bytes;
 }
@@ -167,6 +187,7 @@ static void to_host(void *h, const void *d, size_t bytes) {
 static void wait_stream(void) {
   KVL_CK(cudaStreamSynchronize(S_.st));
   T_.waits++;
+  S_.pin_used = 0; /* every copy from the ring has run */
 }
 
 static void *upload(const void *h, size_t bytes) {
@@ -1108,6 +1129,13 @@ static void init(void) {
   KVL_CKB(cublasLtCreate(&S_.lt));
   S_.ws_bytes = (size_t)32 << 20;
   S_.workspace = dalloc(S_.ws_bytes);
+  const char *pin = getenv("KVL_CUDA_PINNED_MIB");
+  S_.pin_bytes = (pin ? (size_t)strtoull(pin, NULL, 10) : 16) << 20;
+  if (S_.pin_bytes && cudaMallocHost((void **)&S_.pin, S_.pin_bytes) != cudaSuccess) {
+    fprintf(stderr, "kvlingo: no pinned staging (%zu MiB): uploads come from pageable memory\n", S_.pin_bytes >> 20);
+    (void)cudaGetLastError();
+    S_.pin = NULL, S_.pin_bytes = 0;
+  }
   pthread_mutex_init(&S_.mu, NULL);
   snprintf(be_name, sizeof(be_name), "cuda:%d (%.256s, compute %d.%d, %zu MiB arena)", S_.device, prop.name, prop.major,
            prop.minor, want >> 20);

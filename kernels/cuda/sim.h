@@ -64,6 +64,8 @@ cudaError_t cudaSetDevice(int dev);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev);
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
 cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaMallocHost(void **p, size_t bytes); /* "pinned": plain host memory here */
+cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t st);
 cudaError_t cudaStreamSynchronize(cudaStream_t st);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *st, unsigned flags);
