@@ -88,10 +88,10 @@ int kvl_bench_line_translate(struct kvl_bench_side *from_side, struct kvl_bench_
                                   .src_pos = pos, .dst_layout = kvl_pool_layout(to_side->pool),
                                   .dst_base = kvl_pool_base(to_side->pool), .dst_table = kvl_line_block_table(dst),
                                   .dst_rope = kvl_model_rope(to_side->m), .dst_pos = pos, .n = to - from};
+  kvl_line_written(dst, from, to); /* the target's rows are about to change */
   rc = kvl_translator_apply(from_side->to_other, &sp, err, sizeof(err));
   free(pos);
   if (rc < 0) fprintf(stderr, "%s: %s\n", who, err);
-  else kvl_line_written(dst, from, to);
   return rc;
 }
 

@@ -35,14 +35,15 @@ int kvl_line_translate(kvl_line_t *dst, const kvl_line_t *src, const struct kvl_
   }
   for (int32_t i = 0; i < n; i++) pos[i] = from + i;
   kvl_pool_t *ps = kvl_line_pool(src), *pd = kvl_line_pool(dst);
+  kvl_line_written(dst, from, to); /* before: a device backend that writes its copy too takes the new stamps */
   struct kvl_translate_span sp = {.src_layout = kvl_pool_layout(ps), .src_base = kvl_pool_base(ps),
                                   .src_table = kvl_line_block_table(src), .src_rope = src_rope, .src_pos = pos,
                                   .dst_layout = kvl_pool_layout(pd), .dst_base = kvl_pool_base(pd),
                                   .dst_table = kvl_line_block_table(dst), .dst_rope = dst_rope, .dst_pos = pos,
-                                  .n = n};
+                                  .n = n, .src_stamps = kvl_pool_stamps(ps), .dst_stamps = kvl_pool_stamps(pd),
+                                  .src_blocks = kvl_pool_hot_blocks(ps), .dst_blocks = kvl_pool_hot_blocks(pd)};
   rc = kvl_translator_apply_on(t, be, &sp, err, errlen);
   free(pos);
   if (rc < 0) kvl_line_truncate(dst, from);
-  else kvl_line_written(dst, from, to); /* the host's rows: a device's copy of these blocks is old */
   return rc;
 }

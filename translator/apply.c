@@ -376,7 +376,9 @@ int kvl_translator_apply_on(const kvl_translator_t *t, kvl_backend_t *be, const 
                           .dst_base = s->dst_base, .src_table = s->src_table, .dst_table = s->dst_table,
                           .src_pos = s->src_pos, .dst_pos = s->dst_pos, .n = s->n, .src_rope = s->src_rope,
                           .dst_rope = s->dst_rope, .maps = maps,
-                          .pack = (struct kvl_wpack *)&t->dev}; /* a cache: kept in a const translator */
+                          .pack = (struct kvl_wpack *)&t->dev, /* a cache: kept in a const translator */
+                          .src_stamps = s->src_stamps, .dst_stamps = s->dst_stamps, .src_blocks = s->src_blocks,
+                          .dst_blocks = s->dst_blocks};
   rc = kvl_backend_translate(be, &a, err, errlen);
   free(maps);
   return rc;

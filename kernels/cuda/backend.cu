@@ -614,15 +614,16 @@ static void devpool_drop(struct devpool *d) {
   *d = devpool{};
 }
 
-/* a's pool's device copy (made at first use), or NULL: staged */
-static struct devpool *devpool_of(const struct kvl_attn_args *a) {
-  if (!a->kv_stamps || a->kv_blocks <= 0) return NULL;
-  const size_t bb = kvl_kv_block_bytes(a->kv);
+/* the device copy of the pool at base (made at first use), or NULL: staged */
+static struct devpool *devpool_get(const void *base, const struct kvl_kv_layout *l, const uint64_t *stamps,
+                                   int32_t n_blocks) {
+  if (!stamps || n_blocks <= 0) return NULL;
+  const size_t bb = kvl_kv_block_bytes(l);
   struct devpool *victim = &DP_[0];
   for (int i = 0; i < N_DEVPOOL; i++) {
     struct devpool *d = &DP_[i];
-    if (d->base == a->kv_base) {
-      if (d->n_blocks == a->kv_blocks && d->bb == bb) {
+    if (d->base == base) {
+      if (d->n_blocks == n_blocks && d->bb == bb) {
         d->used = ++dp_clock;
         return d->mem ? d : NULL;
       }
@@ -632,14 +633,14 @@ static struct devpool *devpool_of(const struct kvl_attn_args *a) {
     if (d->used < victim->used) victim = d;
   }
   devpool_drop(victim);
-  victim->base = a->kv_base, victim->n_blocks = a->kv_blocks, victim->bb = bb, victim->used = ++dp_clock;
-  victim->mem = (char *)kvl__cuda_alloc((size_t)a->kv_blocks * bb);
-  victim->stamp = (uint64_t *)calloc((size_t)a->kv_blocks, sizeof(uint64_t));
+  victim->base = base, victim->n_blocks = n_blocks, victim->bb = bb, victim->used = ++dp_clock;
+  victim->mem = (char *)kvl__cuda_alloc((size_t)n_blocks * bb);
+  victim->stamp = (uint64_t *)calloc((size_t)n_blocks, sizeof(uint64_t));
   if (!victim->mem || !victim->stamp) {
     static bool told;
     if (!told)
       fprintf(stderr, "kvlingo: CUDA arena has no room for a KV pool of %zu MiB: its blocks are copied per "
-                      "attention call (KVL_CUDA_MEM_MIB sets the arena)\n", (size_t)a->kv_blocks * bb >> 20);
+                      "call (KVL_CUDA_MEM_MIB sets the arena)\n", (size_t)n_blocks * bb >> 20);
     told = true;
     kvl__cuda_free(victim->mem);
     free(victim->stamp);
@@ -649,31 +650,37 @@ static struct devpool *devpool_of(const struct kvl_attn_args *a) {
   return victim;
 }
 
+static struct devpool *devpool_of(const struct kvl_attn_args *a) {
+  return devpool_get(a->kv_base, a->kv, a->kv_stamps, a->kv_blocks);
+}
+
 static int cmp_i32(const void *x, const void *y) {
   const int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
   return (a > b) - (a < b);
 }
 
-/* the blocks sg's physical tables name whose copy is older than the pool's stamp, copied */
-static void devpool_sync(struct devpool *d, const struct kvl_attn_args *a, const kvl__cu_attn_stage *sg) {
+/* Of the blocks ids[0..n) (-1: none), those whose copy is older than the pool's stamp
+ * copied from the host arena at base and marked current; where skip[i] is set, block
+ * ids[i] is left alone (its caller overwrites it whole). */
+static void devpool_sync(struct devpool *d, const void *base, const uint64_t *stamps, const int32_t *ids, size_t n,
+                         const uint8_t *skip) {
   std::vector<int32_t> stale;
-  for (int q = 0; q < sg->n_seq; q++)
-    for (int j = 0; j < sg->max_blocks; j++) {
-      const int32_t b = sg->tables[(size_t)q * sg->max_blocks + j];
-      if (b < 0) continue;
-      KVL_ASSERT(b < d->n_blocks);
-      if (d->stamp[b] != a->kv_stamps[b]) {
-        d->stamp[b] = a->kv_stamps[b];
-        stale.push_back(b);
-      }
+  for (size_t i = 0; i < n; i++) {
+    const int32_t b = ids[i];
+    if (b < 0 || (skip && skip[i])) continue;
+    KVL_ASSERT(b < d->n_blocks);
+    if (d->stamp[b] != stamps[b]) {
+      d->stamp[b] = stamps[b];
+      stale.push_back(b);
     }
+  }
   qsort(stale.data(), stale.size(), sizeof(int32_t), cmp_i32);
   for (size_t i = 0; i < stale.size();) {
-    size_t n = 1;
-    while (i + n < stale.size() && stale[i + n] == stale[i] + (int32_t)n) n++;
-    to_dev(d->mem + (size_t)stale[i] * d->bb, (const char *)a->kv_base + (size_t)stale[i] * d->bb, n * d->bb);
-    DPS_.blocks += n;
-    i += n;
+    size_t r = 1;
+    while (i + r < stale.size() && stale[i + r] == stale[i] + (int32_t)r) r++;
+    to_dev(d->mem + (size_t)stale[i] * d->bb, (const char *)base + (size_t)stale[i] * d->bb, r * d->bb);
+    DPS_.blocks += r;
+    i += r;
   }
 }
 
@@ -734,7 +741,7 @@ static void cu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   const size_t es = a->kv->dtype == KVL_KV_BF16 ? 2 : 4;
   char *dblocks = NULL;
   if (dp) {
-    devpool_sync(dp, a, &sg);
+    devpool_sync(dp, a->kv_base, a->kv_stamps, sg.tables, (size_t)sg.n_seq * (size_t)sg.max_blocks, NULL);
     if (kv_check()) devpool_check(dp, a, &sg);
   } else {
     dblocks = (char *)dalloc((size_t)(sg.n_local > 0 ? sg.n_local : 1) * sg.slab);
@@ -821,7 +828,12 @@ static void cu_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const fl
  * map reads are one strided matrix), then per target layer and K/V one cuBLASLt product per
  * run of consecutive source layers (fp32 accumulation; the intercept as C's start), the
  * keys rotated with the target RoPE and everything stored in the target's dtype. Then the
- * target blocks go back to the host pool. */
+ * target blocks go back to the host pool. Where the span gives both pools' write stamps and
+ * both have device copies (the section "the pool on the device"), nothing is staged: the
+ * source is read from its copy and the target written into its copy in place (only blocks
+ * whose stamp changed copied in first, as attention does), the target blocks copied from
+ * there to the host, and the copy marked current under the stamps the caller gave them:
+ * the target model's next step finds them on the device. */
 enum { TR_CHUNK = 4096 };
 
 struct tr_dev_maps { /* a translator's maps on the device: a kvl_tr_args pack's impl */
@@ -922,11 +934,12 @@ static void tr_side_free(struct tr_side *sd) {
   free(sd->phys), free(sd->full), free(sd->where);
 }
 
-/* Copy local blocks [0, n_local) between the host pool and the device staging, runs of
+/* Copy local blocks [0, n_local) between the host pool and the device (the staging, local
+ * block j at j * bb; or a pool's device copy, dev_physical: at its physical block), runs of
  * consecutive physical blocks in one copy; skip (or NULL): leave out the blocks where
  * skip[j] is set. */
-static void tr_copy_blocks(const struct tr_side *sd, char *host, char *dev, size_t bb, bool to_device,
-                           const uint8_t *skip) {
+static void tr_copy_blocks(const struct tr_side *sd, char *host, char *dev, bool dev_physical, size_t bb,
+                           bool to_device, const uint8_t *skip) {
   for (int j = 0; j < sd->n_local;) {
     if (skip && skip[j]) {
       j++;
@@ -934,7 +947,7 @@ static void tr_copy_blocks(const struct tr_side *sd, char *host, char *dev, size
     }
     int r = 1;
     while (j + r < sd->n_local && sd->phys[j + r] == sd->phys[j] + r && !(skip && skip[j + r])) r++;
-    char *h = host + (size_t)sd->phys[j] * bb, *d = dev + (size_t)j * bb;
+    char *h = host + (size_t)sd->phys[j] * bb, *d = dev + (size_t)(dev_physical ? sd->phys[j] : j) * bb;
     if (to_device)
       to_dev(d, h, (size_t)r * bb);
     else
@@ -996,14 +1009,19 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
       maps_temp = true;
     }
   }
-  char *dsrc = (char *)kvl__cuda_alloc((size_t)src.n_local * (size_t)gs.block_bytes);
-  char *ddst = (char *)kvl__cuda_alloc((size_t)dst.n_local * (size_t)gd.block_bytes);
+  /* the pools' device copies where both have one: read and written in place */
+  struct devpool *ps = devpool_get(a->src_base, ls, a->src_stamps, a->src_blocks);
+  struct devpool *pd = ps ? devpool_get(a->dst_base, ld, a->dst_stamps, a->dst_blocks) : NULL;
+  if (!pd || ps->base != a->src_base) ps = pd = NULL; /* (the second may have taken the first's place) */
+  char *dsrc = ps ? NULL : (char *)kvl__cuda_alloc((size_t)src.n_local * (size_t)gs.block_bytes);
+  char *ddst = pd ? NULL : (char *)kvl__cuda_alloc((size_t)dst.n_local * (size_t)gd.block_bytes);
+  char *const vsrc = ps ? ps->mem : dsrc, *const vdst = pd ? pd->mem : ddst;
   int32_t *didx = (int32_t *)kvl__cuda_alloc((6 * (size_t)n + 2 * (size_t)n_src) * sizeof(int32_t));
   float *dfreq = (float *)kvl__cuda_alloc((size_t)(hs + hd) * sizeof(float));
   __nv_bfloat16 *xk = (__nv_bfloat16 *)kvl__cuda_alloc((size_t)chunk * (size_t)n_src * (size_t)ws * 2);
   __nv_bfloat16 *xv = (__nv_bfloat16 *)kvl__cuda_alloc((size_t)chunk * (size_t)n_src * (size_t)ws * 2);
   float *y = (float *)kvl__cuda_alloc((size_t)chunk * (size_t)wd * sizeof(float));
-  if (!dm || !dsrc || !ddst || !didx || !dfreq || !xk || !xv || !y) {
+  if (!dm || !vsrc || !vdst || !didx || !dfreq || !xk || !xv || !y) {
     rc = kvl_errf(err, errlen, KVL_ENOMEM,
                   "translating %d positions on %s: the device arena is full (KVL_CUDA_MEM_MIB sets its size)", n,
                   be->name);
@@ -1016,13 +1034,20 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
     memcpy(h, src.where, 2 * (size_t)n * sizeof(int32_t));
     memcpy(h + 2 * (size_t)n, a->src_pos, (size_t)n * sizeof(int32_t));
     memcpy(h + 3 * (size_t)n, dst.where, 2 * (size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n && pd; i++) /* in the copies: physical blocks */
+      h[i] = src.phys[h[i]], h[3 * (size_t)n + i] = dst.phys[h[3 * (size_t)n + i]];
     memcpy(h + 5 * (size_t)n, a->dst_pos, (size_t)n * sizeof(int32_t));
     memcpy(h + 6 * (size_t)n, lay, 2 * (size_t)n_src * sizeof(int32_t));
     to_dev(didx, h, (6 * (size_t)n + 2 * (size_t)n_src) * sizeof(int32_t));
     to_dev(dfreq, a->src_rope->inv_freq, (size_t)hs * sizeof(float));
     to_dev(dfreq + hs, a->dst_rope->inv_freq, (size_t)hd * sizeof(float));
-    tr_copy_blocks(&src, (char *)a->src_base, dsrc, (size_t)gs.block_bytes, true, NULL);
-    tr_copy_blocks(&dst, (char *)a->dst_base, ddst, (size_t)gd.block_bytes, true, dst.full);
+    if (pd) {
+      devpool_sync(ps, a->src_base, a->src_stamps, src.phys, (size_t)src.n_local, NULL);
+      devpool_sync(pd, a->dst_base, a->dst_stamps, dst.phys, (size_t)dst.n_local, dst.full);
+    } else {
+      tr_copy_blocks(&src, (char *)a->src_base, dsrc, false, (size_t)gs.block_bytes, true, NULL);
+      tr_copy_blocks(&dst, (char *)a->dst_base, ddst, false, (size_t)gd.block_bytes, true, dst.full);
+    }
     wait_stream(); /* h is freed next */
     free(h);
   }
@@ -1032,8 +1057,9 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
     const int32_t *lay_k = didx + 6 * (size_t)n, *lay_v = lay_k + n_src;
     for (int c0 = 0; c0 < n; c0 += chunk) {
       const int nc = n - c0 < chunk ? n - c0 : chunk;
-      kvl__cu_tr_gather(dsrc, &gs, s_blk + c0, s_slot + c0, s_pos + c0, dfreq, lay_k, n_k, n_src, true, nc, xk, S_.st);
-      kvl__cu_tr_gather(dsrc, &gs, s_blk + c0, s_slot + c0, s_pos + c0, dfreq, lay_v, n_v, n_src, false, nc, xv,
+      kvl__cu_tr_gather(vsrc, &gs, s_blk + c0, s_slot + c0, s_pos + c0, dfreq, lay_k, n_k, n_src, true, nc, xk,
+                        S_.st);
+      kvl__cu_tr_gather(vsrc, &gs, s_blk + c0, s_slot + c0, s_pos + c0, dfreq, lay_v, n_v, n_src, false, nc, xv,
                         S_.st);
       for (int i = 0; i < 2 * n_dst; i++) {
         const struct kvl_tr_map_ref *m = &a->maps[i];
@@ -1051,13 +1077,14 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
           beta = 1.0f;
           j += len;
         }
-        kvl__cu_kv_store_rows(y, ddst, &gd, d_blk + c0, d_slot + c0, d_pos + c0, (i & 1) ? NULL : dfreq + hs, i,
+        kvl__cu_kv_store_rows(y, vdst, &gd, d_blk + c0, d_slot + c0, d_pos + c0, (i & 1) ? NULL : dfreq + hs, i,
                               nc, S_.st);
       }
     }
     KVL_CK(cudaGetLastError());
-    tr_copy_blocks(&dst, (char *)a->dst_base, ddst, (size_t)gd.block_bytes, false, NULL);
+    tr_copy_blocks(&dst, (char *)a->dst_base, vdst, pd != NULL, (size_t)gd.block_bytes, false, NULL);
     wait_stream();
+    for (int j = 0; j < dst.n_local && pd; j++) pd->stamp[dst.phys[j]] = a->dst_stamps[dst.phys[j]]; /* current */
   }
 out:
   kvl__cuda_free(dsrc);

@@ -277,6 +277,8 @@ struct kvl_tr_args {
   const struct kvl_tr_map_ref *maps; /* [dst_layout->n_layer * 2]: layer l's K at 2l, V at 2l + 1 */
   struct kvl_wpack *pack;          /* the backend's copy of these maps, kept across calls (NULL:
                                       made for the call); the caller releases it when the maps change */
+  const uint64_t *src_stamps, *dst_stamps; /* optional: kvl_translate_span's */
+  int32_t src_blocks, dst_blocks;
 };
 int kvl_backend_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *err, size_t errlen);
 bool kvl_backend_can_translate(const kvl_backend_t *be);

@@ -95,9 +95,10 @@ const struct kvl_kv_layout *kvl_pool_layout(const kvl_pool_t *p);
  * one it copied under. */
 const uint64_t *kvl_pool_stamps(const kvl_pool_t *p);
 int32_t kvl_pool_hot_blocks(const kvl_pool_t *p);
-/* The caller wrote the host bytes of positions [from, to) of the hot line l other than by
- * a forward pass through kvl_kv_put (translation, a test's own rows): their blocks get new
- * stamps. */
+/* The caller writes (or wrote) the host bytes of positions [from, to) of the hot line l
+ * other than by a forward pass through kvl_kv_put (translation, a test's own rows): their
+ * blocks get new stamps. Before a translation (kvl_line_translate does it), so that a
+ * device backend writing its copy as well records the new stamps with it. */
 void kvl_line_written(kvl_line_t *l, int32_t from, int32_t to);
 void kvl_pool_stats(const kvl_pool_t *p, struct kvl_pool_stats *s);
 /* Free hot slots available now, counting cached blocks that could be evicted. */

@@ -235,7 +235,7 @@ static void tr_case(kvl_translator_t *t, enum kvl_kv_dtype dt, int n, int dst0, 
   for (int i = 0; i < n; i++) sp[i] = i, dp[i] = dst0 + i;
   memcpy(pd_gpu, init, (size_t)NB * bd);
   memcpy(pd_cpu, init, (size_t)NB * bd);
-  struct kvl_translate_span a = {&ls, ps, ts, &rs, sp, &ld, pd_gpu, td, &rd, dp, n};
+  struct kvl_translate_span a = {&ls, ps, ts, &rs, sp, &ld, pd_gpu, td, &rd, dp, n, NULL, NULL, 0, 0};
   struct kvl_translate_span b = a;
   b.dst_base = pd_cpu;
   char err[256] = "";
@@ -298,12 +298,14 @@ static double logprob_gap(const float *a, const float *b, int n, int am[2]) {
 
 /* ---- an end-to-end translated switch (tiny models) ----------------------------------
  * The multi-turn protocol's switch on one backend: model A (2 layers) prefills a 40-token
- * prompt, its cache at positions 0..38 is translated into model B's (3 layers, other
- * weights; a random affine translator, nu = 4) and B decodes position 39 from it: on the
+ * prompt, B (3 layers, other weights) its first 8, A's cache at positions 8..38 is
+ * translated into B's (a random affine translator, nu = 2) and B decodes position 39: on the
  * CUDA backend (its translate op, its forward), and on the CPU (the host apply). B's
  * log-probabilities compared as the whole-model check's (bound 0.5, same argmax). */
 static void switch_on(kvl_backend_t *be, kvl_model_t *A, kvl_model_t *B, const kvl_translator_t *t,
-                      const int32_t *ids, int T, float *logits) { /* t NULL: B's cache left empty */
+                      const int32_t *ids, int T, bool stamps, float *logits, unsigned long long *switch_in) {
+  /* t NULL: B's cache left empty; stamps: the pools kept on the device, as the scheduler's
+   * (switch_in: bytes copied in from the translation to B's logits) */
   const struct kvl_model_hparams *ha = kvl_model_hparams(A), *hb = kvl_model_hparams(B);
   struct kvl_kv_layout la = kvl_model_kv_layout(A, KVL_KV_BF16), lb = kvl_model_kv_layout(B, KVL_KV_BF16);
   const int nb = (T + KVL_KV_BLOCK - 1) / KVL_KV_BLOCK;
@@ -312,13 +314,24 @@ static void switch_on(kvl_backend_t *be, kvl_model_t *A, kvl_model_t *B, const k
   for (int i = 0; i < T; i++) pos[i] = i;
   void *pa = calloc((size_t)nb, kvl_kv_block_bytes(&la)), *pb = calloc((size_t)nb, kvl_kv_block_bytes(&lb));
   const int32_t *tabs_a[] = {ta}, *tabs_b[] = {tb};
-  struct kvl_kv_view kva = {&la, pa, tabs_a, NULL, 0}, kvb = {&lb, pb, tabs_b, NULL, 0};
+  uint64_t sa[8], sb[8];
+  for (int b = 0; b < nb; b++) sa[b] = kvl_kv_stamp_new(), sb[b] = kvl_kv_stamp_new();
+  struct kvl_kv_view kva = {&la, pa, tabs_a, stamps ? sa : NULL, stamps ? nb : 0},
+                     kvb = {&lb, pb, tabs_b, stamps ? sb : NULL, stamps ? nb : 0};
   struct kvl_batch prompt = {T, ids, pos, seq, NULL};
   CHECK_EQ_INT(kvl_model_forward(A, be, &prompt, &kva, NULL, NULL), 0);
   struct kvl_rope ra, rb;
   CHECK_EQ_INT(kvl_rope_init(&ra, ha->head_dim, ha->rope_theta), 0);
   CHECK_EQ_INT(kvl_rope_init(&rb, hb->head_dim, hb->rope_theta), 0);
-  struct kvl_translate_span span = {&la, pa, ta, &ra, pos, &lb, pb, tb, &rb, pos, T - 1};
+  /* B's own prefill of the first 8 positions: the translation starts inside a block */
+  struct kvl_batch head = {8, ids, pos, seq, NULL};
+  CHECK_EQ_INT(kvl_model_forward(B, be, &head, &kvb, NULL, NULL), 0);
+  struct kvl_translate_span span = {&la, pa, ta,         &ra,        pos + 8,      &lb,         pb,
+                                    tb,  &rb, pos + 8,   T - 9,      kva.stamps,   kvb.stamps,  kva.n_blocks,
+                                    kvb.n_blocks};
+  for (int b = 0; b < nb; b++) sb[b] = kvl_kv_stamp_new(); /* B's blocks about to be written (kvl_line_written) */
+  struct kvl_backend_traffic t0, t1;
+  kvl_backend_traffic(be, &t0);
   char err[256] = "";
   const int rc = t ? kvl_translator_apply_on(t, be, &span, err, sizeof(err)) : 0;
   if (rc) printf("FAIL switch: %s\n", err);
@@ -326,6 +339,8 @@ static void switch_on(kvl_backend_t *be, kvl_model_t *A, kvl_model_t *B, const k
   int8_t want = 1;
   struct kvl_batch last = {1, ids + T - 1, pos + T - 1, seq, &want};
   CHECK_EQ_INT(kvl_model_forward(B, be, &last, &kvb, logits, NULL), 0);
+  kvl_backend_traffic(be, &t1);
+  if (switch_in) *switch_in = t1.bytes_in - t0.bytes_in;
   free(pa), free(pb);
 }
 
@@ -354,21 +369,30 @@ static void test_switch(void) {
   unsigned long long r = 5;
   for (int i = 0; i < T; i++) ids[i] = (int32_t)(kvl_test_rand(&r) % (unsigned long long)ha->n_vocab);
   float *lg_gpu = malloc((size_t)hb->n_vocab * 4), *lg_cpu = malloc((size_t)hb->n_vocab * 4);
-  switch_on(cu, A, B, t, ids, T, lg_gpu);
-  switch_on(kvl_backend_cpu(), A, B, t, ids, T, lg_cpu);
+  switch_on(kvl_backend_cpu(), A, B, t, ids, T, false, lg_cpu, NULL);
+  unsigned long long in[2];
   int am[2];
-  const double worst = logprob_gap(lg_cpu, lg_gpu, hb->n_vocab, am);
-  const bool ok = worst <= 0.5 && am[0] == am[1];
-  printf("%s switch     %-40s max |d log-prob| %.3f (bound 0.5), argmax %d / %d\n", ok ? "ok  " : "FAIL",
-         "tiny 2 -> 3 layers, 39 translated + 1", worst, am[0], am[1]);
-  if (!ok) n_bad++;
-  CHECK(worst <= 0.5);
-  CHECK(am[0] == am[1]);
+  switch_on(cu, A, B, t, ids, T, false, lg_gpu, NULL); /* the weights and the maps to the device */
+  for (int kept = 0; kept < 2; kept++) { /* pools staged per call, then kept on the device */
+    switch_on(cu, A, B, t, ids, T, kept, lg_gpu, &in[kept]);
+    const double worst = logprob_gap(lg_cpu, lg_gpu, hb->n_vocab, am);
+    const bool ok = worst <= 0.5 && am[0] == am[1];
+    printf("%s switch     %-40s max |d log-prob| %.3f (bound 0.5), argmax %d / %d, pools %s\n", ok ? "ok  " : "FAIL",
+           "tiny 2 -> 3 layers, 8 + 31 translated + 1", worst, am[0], am[1], kept ? "kept" : "staged");
+    if (!ok) n_bad++;
+    CHECK(worst <= 0.5);
+    CHECK(am[0] == am[1]);
+  }
+  /* kept pools: the source is on the device already, the target is written there */
+  printf("%s switch     %-40s %.1f kB copied in with the pools kept, %.1f kB staged\n",
+         in[1] < in[0] ? "ok  " : "FAIL", "translation and B's step", (double)in[1] / 1e3, (double)in[0] / 1e3);
+  if (in[1] >= in[0]) n_bad++;
+  CHECK(in[1] < in[0]);
   /* and the translated cache matters: B over an empty one answers otherwise */
-  switch_on(kvl_backend_cpu(), A, B, NULL, ids, T, lg_gpu);
+  switch_on(kvl_backend_cpu(), A, B, NULL, ids, T, false, lg_gpu, NULL);
   const double moved = logprob_gap(lg_cpu, lg_gpu, hb->n_vocab, am);
   printf("%s switch     %-40s max |d log-prob| %.3f against an empty cache (at least 0.05)\n",
-         moved >= 0.05 ? "ok  " : "FAIL", "tiny 2 -> 3 layers, 39 translated + 1", moved);
+         moved >= 0.05 ? "ok  " : "FAIL", "tiny 2 -> 3 layers, 8 + 31 translated + 1", moved);
   CHECK(moved >= 0.05);
   free(lg_gpu), free(lg_cpu);
   kvl_translator_free(t);

@@ -58,7 +58,7 @@ static int translate(const kvl_translator_t *t, const int32_t *src_table, const 
   int32_t sp[NP], dp[NP];
   for (int i = 0; i < NP; i++) { sp[i] = i; dp[i] = dst0 + i; }
   const struct kvl_rope *r = kvl_model_rope(g_m);
-  struct kvl_translate_span s = {&g_kl, g_pool, src_table, r, sp, &g_kl, g_pool, dst_table, r, dp, NP};
+  struct kvl_translate_span s = {&g_kl, g_pool, src_table, r, sp, &g_kl, g_pool, dst_table, r, dp, NP, NULL, NULL, 0, 0};
   char err[256] = "";
   int rc = ref ? kvl_translator_apply_ref(t, &s, err, sizeof(err)) : kvl_translator_apply(t, &s, err, sizeof(err));
   if (rc < 0) fprintf(stderr, "apply: %s\n", err);
@@ -305,7 +305,7 @@ static void test_kernel_vs_ref(void) {
   for (int i = 0; i < N; i++) { sp[i] = (i * 13 + 5) % (NB * KVL_KV_BLOCK); dp[i] = i + 11; }
   struct kvl_rope dr;
   CHECK_EQ_INT(kvl_rope_init(&dr, 8, 1e6f), 0);
-  struct kvl_translate_span sp1 = {&sl, spool, stab, kvl_model_rope(g_m), sp, &dl, d1, dtab, &dr, dp, N};
+  struct kvl_translate_span sp1 = {&sl, spool, stab, kvl_model_rope(g_m), sp, &dl, d1, dtab, &dr, dp, N, NULL, NULL, 0, 0};
   struct kvl_translate_span sp2 = sp1;
   sp2.dst_base = d2;
   CHECK_EQ_INT(kvl_translator_apply(t, &sp1, err, sizeof(err)), 0);
@@ -405,7 +405,7 @@ static void test_refusals(void) {
   bad.n_layer = 3;
   void *dst = calloc(1, kvl_kv_block_bytes(&g_kl));
   int32_t dt[] = {0};
-  struct kvl_translate_span s = {&bad, g_pool, tA, r, pos, &g_kl, dst, dt, r, pos, 2};
+  struct kvl_translate_span s = {&bad, g_pool, tA, r, pos, &g_kl, dst, dt, r, pos, 2, NULL, NULL, 0, 0};
   err[0] = 0;
   CHECK_EQ_INT(kvl_translator_apply(t, &s, err, sizeof(err)), KVL_EMISMATCH);
   CHECK_STR_CONTAINS(err, "source n_layer: translator 2, layout 3");

@@ -210,6 +210,13 @@ struct kvl_translate_span {
   const struct kvl_rope *dst_rope;        /* the target model's RoPE */
   const int32_t *dst_pos;                 /* [n] target positions */
   int32_t n;                              /* positions; 0 does nothing */
+  /* Optional: the pools' write stamps (kvl_attn_args.kv_stamps; src_blocks and dst_blocks
+   * of them). A device backend then reads the source from its copy of the source pool and
+   * writes the target into its copy of the target pool as well as into the host's, so the
+   * target model's next attention finds its blocks current. The caller gives the target
+   * span's blocks new stamps before the call (kvl_line_written). */
+  const uint64_t *src_stamps, *dst_stamps;
+  int32_t src_blocks, dst_blocks;
 };
 
 /* Translate a span: for every target layer ℓ and token i, read the K rows of ℓ's
