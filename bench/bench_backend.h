@@ -1,5 +1,7 @@
-/* bench_backend.h — the benchmarks' --backend cpu|cuda, for those that link the kernels
- * (bench_common does not: bench-roofline needs none of them). */
+/* bench_backend.h — the benchmarks' --backend cpu|cuda|cuda-sim, for those that link the
+ * kernels (bench_common does not: bench-roofline needs none of them). cuda-sim: the CUDA
+ * backend compiled for the CPU (kernels/cuda/sim.h): its copies and waits are the
+ * device's, its times are not (a check of what a GPU run will do, not a measurement). */
 #ifndef KVL_BENCH_BACKEND_H
 #define KVL_BENCH_BACKEND_H
 
@@ -10,15 +12,19 @@
 #include <jansson.h>
 
 #include "kvl_kernels.h"
+#include "sim-ops.h"
 
-/* --backend cpu|cuda: sets *cuda and returns 0, or says what is wrong (as `prog`) and
- * returns 2 (the usage status). */
+static bool kvl_bench_sim_; /* --backend cuda-sim */
+
+/* --backend cpu|cuda|cuda-sim: sets *cuda (cuda-sim too) and returns 0, or says what is
+ * wrong (as `prog`) and returns 2 (the usage status). */
 static inline int kvl_bench_backend_opt(const char *prog, const char *arg, bool *cuda) {
-  if (strcmp(arg, "cpu") && strcmp(arg, "cuda")) {
-    fprintf(stderr, "%s: --backend is cpu or cuda, not '%s'\n", prog, arg);
+  if (strcmp(arg, "cpu") && strcmp(arg, "cuda") && strcmp(arg, "cuda-sim")) {
+    fprintf(stderr, "%s: --backend is cpu, cuda or cuda-sim, not '%s'\n", prog, arg);
     return 2;
   }
-  *cuda = !strcmp(arg, "cuda");
+  kvl_bench_sim_ = !strcmp(arg, "cuda-sim");
+  *cuda = strcmp(arg, "cpu") != 0;
   return 0;
 }
 
@@ -26,8 +32,10 @@ static inline int kvl_bench_backend_opt(const char *prog, const char *arg, bool 
  * `prog`) where there is no GPU or no CUDA build. */
 static inline kvl_backend_t *kvl_bench_backend(const char *prog, bool cuda) {
   char why[256];
-  kvl_backend_t *be = cuda ? kvl_backend_cuda(why, sizeof(why)) : kvl_backend_cpu();
-  if (!be) fprintf(stderr, "%s: --backend cuda: %s\n", prog, why);
+  kvl_backend_t *be = !cuda            ? kvl_backend_cpu()
+                       : kvl_bench_sim_ ? kvl_backend_cuda_sim(why, sizeof(why))
+                                        : kvl_backend_cuda(why, sizeof(why));
+  if (!be) fprintf(stderr, "%s: --backend %s: %s\n", prog, kvl_bench_sim_ ? "cuda-sim" : "cuda", why);
   return be;
 }
 

@@ -3,7 +3,7 @@
  * concurrent streams, with and without shared-prefix traffic (test "gen-throughput").
  *
  *   bench-gen-throughput [-m MODEL.gguf]... [-c 1,4,16,64] [-n TOKENS] [--prefix-share]
- *                        [--kv bf16|f32] [--step-tokens N] [--backend cpu|cuda] [--out DIR]
+ *                        [--kv bf16|f32] [--step-tokens N] [--backend cpu|cuda|cuda-sim] [--out DIR]
  *
  * Each run submits N requests at once (fixed seed: prompt lengths drawn from 64..256
  * tokens, greedy decoding of TOKENS tokens each; with --prefix-share every prompt
@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
     default:
       fprintf(c == 'h' ? stdout : stderr,
               "usage: bench-gen-throughput [-m MODEL.gguf]... [-c 1,4,16,64] [-n TOKENS] [--prefix-share] "
-              "[--kv bf16|f32] [--step-tokens N] [--backend cpu|cuda] [--out DIR]\n%s",
+              "[--kv bf16|f32] [--step-tokens N] [--backend cpu|cuda|cuda-sim] [--out DIR]\n%s",
               c != 'h' ? ""
                        : "\nServing throughput of the scheduler: N streams submitted at once (prompts of 64..256\n"
                          "tokens, fixed seed), greedy; aggregate generated tokens/s over the whole run (prefill\n"
@@ -106,7 +106,8 @@ int main(int argc, char **argv) {
                          "  --prefix-share     every prompt starts with the same 128-token prefix (hit rate)\n"
                          "  --kv bf16|f32      KV cache storage (default bf16)\n"
                          "  --step-tokens N    the scheduler's per-step token budget (default 256)\n"
-                         "  --backend cpu|cuda the CPU backend (default) or the CUDA one (kernels/cuda/)\n"
+                         "  --backend cpu|cuda|cuda-sim the CPU backend (default), the CUDA one (kernels/cuda/),\n"
+                         "                     or the CUDA one compiled for the CPU (copies and waits, not times)\n"
                          "  --out DIR          default bench/results\n");
       return c == 'h' ? 0 : 2;
     }
@@ -137,8 +138,10 @@ int main(int argc, char **argv) {
       if (kvl_sched_add_model(s, &sm, &mid, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
       struct run run = {calloc((size_t)N, sizeof(struct stream)), N, 0, 0, 0};
       unsigned long long seed = 12345;
+      /* ids 1000..19999 (a tiny test model's vocabulary: all of it) */
+      const int32_t lo = hp->n_vocab >= 20000 ? 1000 : 0, span = hp->n_vocab >= 20000 ? 19000 : hp->n_vocab;
       int32_t prefix[128];
-      for (int j = 0; j < 128; j++) prefix[j] = 1000 + (int32_t)((j * 7919) % 19000);
+      for (int j = 0; j < 128; j++) prefix[j] = lo + (int32_t)((j * 7919) % span);
       int32_t **prompts = calloc((size_t)N, sizeof(int32_t *));
       int total_prompt = 0;
       for (int i = 0; i < N; i++) {
@@ -147,7 +150,7 @@ int main(int argc, char **argv) {
         prompts[i] = malloc((size_t)len * sizeof(int32_t));
         for (int j = 0; j < len; j++) {
           seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-          prompts[i][j] = share && j < 128 && len > 128 ? prefix[j] : 1000 + (int32_t)((seed >> 33) % 19000);
+          prompts[i][j] = share && j < 128 && len > 128 ? prefix[j] : lo + (int32_t)((seed >> 33) % (unsigned)span);
         }
         run.s[i].itl = malloc((size_t)n_tokens * sizeof(double));
         total_prompt += len;
@@ -158,6 +161,8 @@ int main(int argc, char **argv) {
         run.s[i].t_submit = kvl_bench_now() * 1e3;
         if (kvl_sched_submit(s, &q, on_token, &run, &id, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
       }
+      struct kvl_backend_traffic tr0, tr1; /* a device's copies and waits, prefill and decode */
+      kvl_backend_traffic(be, &tr0);
       double t0 = kvl_bench_now();
       while (!kvl_sched_idle(s))
         if (kvl_sched_step(s) < 0) { fprintf(stderr, "step failed\n"); return 1; }
@@ -185,6 +190,12 @@ int main(int argc, char **argv) {
       json_object_set_new(res, "kv", json_string(kvdt == KVL_KV_BF16 ? "bf16" : "f32"));
       json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
       kvl_bench_attn_field(res, be, kvdt == KVL_KV_BF16);
+      if (kvl_backend_traffic(be, &tr1) && gen > 0) { /* per generated token, the prompts' work included */
+        json_object_set_new(res, "device_waits_per_token", json_real((double)(tr1.waits - tr0.waits) / gen));
+        json_object_set_new(res, "device_kib_in_per_token", json_real((double)(tr1.bytes_in - tr0.bytes_in) / 1024 / gen));
+        json_object_set_new(res, "device_kib_out_per_token",
+                            json_real((double)(tr1.bytes_out - tr0.bytes_out) / 1024 / gen));
+      }
       fprintf(stderr, "%s c=%d: %.1f tokens/s, ttft p50 %.0f ms, itl p50 %.0f ms (%d prompt tokens, %.0f%% from the cache, %.1f s)\n",
               kvl_bench_model_name(models[mi]), N, tps, pct(ttft, N, 50), pct(itl, n_itl, 50), total_prompt,
               run.prompt ? 100.0 * (double)run.cached / (double)run.prompt : 0.0, secs);

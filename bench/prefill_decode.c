@@ -153,6 +153,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
   kvl_model_t *m = NULL;
   void *pool = NULL;
   size_t pool_mapped = 0;
+  uint64_t *stamps = NULL;
   int32_t *table = NULL, *ids = NULL, *pos = NULL, *seq = NULL;
   int8_t *want = NULL;
   float *logits = NULL;
@@ -193,13 +194,15 @@ static int bench_model(const char *path, const char *name, const struct bench_op
   want = calloc((size_t)n_batch, sizeof(*want));
   logits = malloc((size_t)hp->n_vocab * sizeof(*logits));
   s = malloc((size_t)o->runs * sizeof(*s));
-  if (!pool || !table || !ids || !pos || !seq || !want || !logits || !s) {
+  stamps = malloc((size_t)nb * sizeof(*stamps));
+  if (!pool || !table || !ids || !pos || !seq || !want || !logits || !s || !stamps) {
     fprintf(stderr, "bench-prefill-decode: out of memory\n");
     goto out;
   }
-  for (int i = 0; i < nb; i++) table[i] = i;
+  for (int i = 0; i < nb; i++) table[i] = i, stamps[i] = kvl_kv_stamp_new();
   const int32_t *tables[] = {table};
-  struct kvl_kv_view kv = {&kl, pool, tables, NULL, 0};
+  /* write stamps, as the scheduler's pools have: a device backend keeps the pool there */
+  struct kvl_kv_view kv = {&kl, pool, tables, stamps, nb};
   fill_tokens(ids, n_ctx, hp->n_vocab);
   struct kvl_bench_stats st;
   char test[32];
@@ -342,6 +345,7 @@ out:
   free(ids);
   free(table);
   kvl_huge_free(pool, pool_mapped);
+  free(stamps);
   kvl_model_free(m);
   return ret;
 }
@@ -362,7 +366,8 @@ static void usage(FILE *f) {
     "  -n, --decode N     tg<N>: N decode steps after a %d-token prompt (default 128; 0 = skip)\n"
     "  -r, --runs N       timed runs per figure (default 5)\n"
     "      --kv bf16|f32  KV cache storage (default bf16)\n"
-    "      --backend cpu|cuda  the CPU backend (default) or the CUDA one (kernels/cuda/)\n"
+    "      --backend cpu|cuda|cuda-sim  the CPU backend (default), the CUDA one (kernels/cuda/),\n"
+    "                          or the CUDA one compiled for the CPU (copies and waits, not times)\n"
     "      --bw GBPS|auto memory bandwidth (e.g. bench-roofline's all-cores figure): adds\n"
     "                     roofline_pct to tg results; auto: read bandwidth measured just\n"
     "                     before and after each model's tg runs (1 GiB, 3 reads), the larger\n"

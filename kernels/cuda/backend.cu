@@ -588,9 +588,10 @@ static void cu_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_
  * pool's restores, copies on write and new blocks; translation on the host), runs of
  * consecutive blocks in one copy each, then reads the copy in place through the physical
  * block tables; kvl_kv_put writes the forward's new rows into both the host pool and the
- * copy, so a block read every step is copied once. Up to N_DEVPOOL pools (the least
- * recently used one's copy makes room); a pool whose copy does not fit in the arena is
- * staged per call as a pool without stamps is (a warning, once). KVL_CUDA_KV_CHECK=1
+ * copy, so a block read every step is copied once. Up to N_DEVPOOL pools: the least
+ * recently used one's copy makes room, and where the arena has none the others' copies go
+ * (least recently used first; a freed pool's copy stays until then); a pool whose copy
+ * still does not fit is staged per call as a pool without stamps is (a warning, once). KVL_CUDA_KV_CHECK=1
  * compares, at every attention call, the layer's rows the batch reads in the copy with
  * the host pool's and aborts on a difference (tests). Under S_.mu. */
 enum { N_DEVPOOL = 8 };
@@ -635,6 +636,14 @@ static struct devpool *devpool_get(const void *base, const struct kvl_kv_layout 
   devpool_drop(victim);
   victim->base = base, victim->n_blocks = n_blocks, victim->bb = bb, victim->used = ++dp_clock;
   victim->mem = (char *)kvl__cuda_alloc((size_t)n_blocks * bb);
+  while (!victim->mem) { /* no room: the other copies go, least recently used first (freed pools' among them) */
+    struct devpool *old = NULL;
+    for (int i = 0; i < N_DEVPOOL; i++)
+      if (&DP_[i] != victim && DP_[i].mem && (!old || DP_[i].used < old->used)) old = &DP_[i];
+    if (!old) break;
+    devpool_drop(old);
+    victim->mem = (char *)kvl__cuda_alloc((size_t)n_blocks * bb);
+  }
   victim->stamp = (uint64_t *)calloc((size_t)n_blocks, sizeof(uint64_t));
   if (!victim->mem || !victim->stamp) {
     static bool told;

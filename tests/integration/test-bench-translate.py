@@ -2,7 +2,9 @@
 """test-bench-translate.py — bench-translate at 64 positions in both directions of the pair:
 with --shapes (no model files: the pair's shapes, a random translator) or on the real
 models; the rows it writes (shared/BENCH-FORMAT.md), and a bad --backend refused with the
-usage status and no result file.
+usage status and no result file. With --shapes also on the CUDA backend compiled for the
+CPU (--backend cuda-sim): the pools staged and kept on the device give the same target
+cache, bit for bit.
 
 usage: test-bench-translate.py BENCH_TRANSLATE shapes|real
 """
@@ -39,8 +41,20 @@ def main():
                   f"{mode}: the row says whether the models were shapes only ({x.get('models')})")
         out2 = os.path.join(d, "out2")
         r = subprocess.run([exe, *extra, "--backend", "tpu", "--out", out2], capture_output=True, text=True, env=env)
-        check(r.returncode == 2 and "--backend is cpu or cuda, not 'tpu'" in r.stderr and not os.path.exists(out2),
-              f"{mode}: --backend tpu refused with status 2 and no results ({r.stderr.strip()})")
+        check(r.returncode == 2 and "--backend is cpu, cuda or cuda-sim, not 'tpu'" in r.stderr
+              and not os.path.exists(out2), f"{mode}: --backend tpu refused with status 2 and no results ({r.stderr.strip()})")
+        if mode == "shapes":  # the CUDA backend compiled for the CPU: its pools staged, then kept on the device
+            out3 = os.path.join(d, "out3")
+            r = subprocess.run([exe, *extra, "--backend", "cuda-sim", "--max", "64", "-r", "1", "--out", out3],
+                               capture_output=True, text=True, env=dict(env, KVL_CUDA_KV_CHECK="1"))
+            rows = json.load(open(os.path.join(out3, "translate.json")))["results"] if r.returncode == 0 else []
+            prec = sorted((x["model"], x["precision"]) for x in rows)
+            check(r.returncode == 0 and len(prec) == 4 and {p for _, p in prec} == {"cuda-bf16", "cuda-bf16-kept"},
+                  f"cuda-sim: each direction staged and kept ({prec}) {r.stderr[-500:] if r.returncode else ''}")
+            for x in rows:
+                if x["precision"] == "cuda-bf16-kept":
+                    check(x.get("rel_rms_vs_staged") == 0, f"cuda-sim {x['model']}: the kept pools' target cache is the "
+                          f"staged one's, bit for bit (relative RMS difference {x.get('rel_rms_vs_staged')})")
     sys.exit(1 if check.failed else 0)
 
 
