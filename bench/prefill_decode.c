@@ -6,7 +6,10 @@
  *          positions are in the cache first and the N tokens attend to them: a new
  *          turn's prefill after a history, what a model switch computes.
  *   tg<N>  after an untimed 16-token prompt, N single-token decode steps, each a forward
- *          with logits; tokens/s = N / time of the N steps. With --bw, roofline_pct =
+ *          with logits; tokens/s = N / time of the N steps. With --tg-depth D
+ *          (tg<N>@d<D>) the prompt is D tokens: decode at the end of a long history, whose
+ *          KV each step reads (on a device backend: from its copy of the pool, or staged
+ *          per layer with KVL_CUDA_KV_KEEP=0). With --bw, roofline_pct =
  *          weight bytes read per token x tokens/s / bandwidth: how close decode runs to
  *          the memory-bound limit (KV reads, small at these lengths, are not counted).
  *
@@ -62,6 +65,7 @@ struct bench_opts {
   int n_pp;                       /* how many; 0 skips pp */
   int pp_max;
   int depth;                      /* positions already in the cache before pp<N> (-d) */
+  int tg_depth;                   /* the prompt before tg<N> (--tg-depth; 0: TG_PROMPT) */
   int tg;                         /* decode steps N of tg<N>; 0 skips tg */
   int runs;                       /* timed runs per figure */
   enum kvl_kv_dtype kv;           /* KV cache storage */
@@ -176,8 +180,9 @@ static int bench_model(const char *path, const char *name, const struct bench_op
   fprintf(stderr, " (%.0f MiB repacked)\n", (double)repacked / (1 << 20));
 
   const int pp_end = o->n_pp > 0 ? o->depth + o->pp_max : 0;
-  const int n_ctx = pp_end > TG_PROMPT + o->tg ? pp_end : TG_PROMPT + o->tg;
-  int n_batch = o->pp_max > TG_PROMPT ? o->pp_max : TG_PROMPT;
+  const int tg_prompt = o->tg_depth > 0 ? o->tg_depth : TG_PROMPT;
+  const int n_ctx = pp_end > tg_prompt + o->tg ? pp_end : tg_prompt + o->tg;
+  int n_batch = o->pp_max > tg_prompt ? o->pp_max : tg_prompt;
   if (o->depth > n_batch) n_batch = o->depth;
   if (n_ctx > hp->n_ctx_train) {
     fprintf(stderr, "bench-prefill-decode: %s: %d tokens exceed the model's context of %d\n", name, n_ctx,
@@ -268,7 +273,8 @@ static int bench_model(const char *path, const char *name, const struct bench_op
   /* tg<N>: an untimed TG_PROMPT-token prefill (which also warms the weights), then N
    * timed decode steps, each one token with logits, as a generation loop runs them. */
   if (o->tg > 0) {
-    snprintf(test, sizeof(test), "tg%d", o->tg);
+    if (o->tg_depth > 0) snprintf(test, sizeof(test), "tg%d@d%d", o->tg, o->tg_depth);
+    else snprintf(test, sizeof(test), "tg%d", o->tg);
     /* --bw auto: the read bandwidth just before and just after (a shared host's changes
      * by the minute: 34 and 62 GB/s within half an hour on a 2-core Zen 4); the larger of
      * the two is the roofline, so a window of low bandwidth cannot inflate the figure */
@@ -276,8 +282,8 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     if (o->bw_auto) bw_before = kvl_bench_read_bandwidth(BW_MIB, threads, 3, NULL, NULL);
     struct kvl_backend_traffic tr0, tr1, tr = {0}; /* a device's copies and waits in the timed steps */
     for (int r = 0; r < o->runs; r++) {
-      for (int t = 0; t < TG_PROMPT; t++) { pos[t] = t; want[t] = t == TG_PROMPT - 1; }
-      struct kvl_batch b = {TG_PROMPT, ids, pos, seq, want};
+      for (int t = 0; t < tg_prompt; t++) { pos[t] = t; want[t] = t == tg_prompt - 1; }
+      struct kvl_batch b = {tg_prompt, ids, pos, seq, want};
       if ((rc = kvl_model_forward(m, be, &b, &kv, logits, NULL)) < 0) {
         fprintf(stderr, "bench-prefill-decode: %s %s: prompt forward: %s\n", name, test, kvl_strerror(rc));
         goto out;
@@ -285,9 +291,9 @@ static int bench_model(const char *path, const char *name, const struct bench_op
       kvl_backend_traffic(be, &tr0);
       double ts = kvl_bench_now();
       for (int i = 0; i < o->tg; i++) {
-        pos[0] = TG_PROMPT + i;
+        pos[0] = tg_prompt + i;
         want[0] = 1;
-        struct kvl_batch d = {1, ids + TG_PROMPT + i, pos, seq, want};
+        struct kvl_batch d = {1, ids + tg_prompt + i, pos, seq, want};
         if ((rc = kvl_model_forward(m, be, &d, &kv, logits, NULL)) < 0) {
           fprintf(stderr, "bench-prefill-decode: %s %s: decode forward: %s\n", name, test, kvl_strerror(rc));
           goto out;
@@ -310,7 +316,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     json_object_set_new(res, "threads", json_integer(threads));
     json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
     kvl_bench_attn_field(res, be, !strcmp(kvname, "bf16"));
-    json_object_set_new(res, "prompt_tokens", json_integer(TG_PROMPT));
+    json_object_set_new(res, "prompt_tokens", json_integer(tg_prompt));
     json_object_set_new(res, "weight_mib_per_token", json_real((double)wbytes / (1 << 20)));
     json_object_set_new(res, "repacked_mib", json_real((double)kvl_wpack_total_bytes() / (1 << 20)));
     if (kvl_backend_traffic(be, &tr1)) { /* per decoded token, over every timed step */
@@ -318,9 +324,11 @@ static int bench_model(const char *path, const char *name, const struct bench_op
       json_object_set_new(res, "device_waits_per_token", json_real((double)tr.waits / steps));
       json_object_set_new(res, "device_copies_per_token", json_real((double)(tr.copies_in + tr.copies_out) / steps));
       json_object_set_new(res, "device_kib_per_token", json_real((double)(tr.bytes_in + tr.bytes_out) / 1024 / steps));
-      fprintf(stderr, "  %s %s per token on the device: %.1f waits, %.1f copies in and %.1f out, %.1f KiB\n", name,
-              test, (double)tr.waits / steps, (double)tr.copies_in / steps, (double)tr.copies_out / steps,
-              (double)(tr.bytes_in + tr.bytes_out) / 1024 / steps);
+      json_object_set_new(res, "device_kib_in_per_token", json_real((double)tr.bytes_in / 1024 / steps));
+      json_object_set_new(res, "device_kib_out_per_token", json_real((double)tr.bytes_out / 1024 / steps));
+      fprintf(stderr, "  %s %s per token on the device: %.1f waits, %.1f copies in (%.1f KiB) and %.1f out (%.1f KiB)\n",
+              name, test, (double)tr.waits / steps, (double)tr.copies_in / steps, (double)tr.bytes_in / 1024 / steps,
+              (double)tr.copies_out / steps, (double)tr.bytes_out / 1024 / steps);
     }
     printf("%-20s %-7s %9.2f tokens/s  (sd %.2f, %d runs)", name, test, st.median, st.sd, o->runs);
     if (bw > 0) {
@@ -364,6 +372,7 @@ static void usage(FILE *f) {
     "  -d, --depth D      pp<N>@d<D>: D positions are in the cache before the N tokens\n"
     "                     (a new turn's prefill after a D-token history; default 0)\n"
     "  -n, --decode N     tg<N>: N decode steps after a %d-token prompt (default 128; 0 = skip)\n"
+    "      --tg-depth D   tg<N>@d<D>: the decode steps after a D-token prompt instead\n"
     "  -r, --runs N       timed runs per figure (default 5)\n"
     "      --kv bf16|f32  KV cache storage (default bf16)\n"
     "      --backend cpu|cuda|cuda-sim  the CPU backend (default), the CUDA one (kernels/cuda/),\n"
@@ -393,13 +402,13 @@ static int parse_int(const char *s, const char *what, int min) {
 }
 
 int main(int argc, char **argv) {
-  enum { O_KV = 1000, O_BW, O_OUT, O_BACKEND, O_PEAK };
+  enum { O_KV = 1000, O_BW, O_OUT, O_BACKEND, O_PEAK, O_TG_DEPTH };
   static const struct option lopts[] = {
     {"model", required_argument, 0, 'm'}, {"prefill", required_argument, 0, 'p'},
     {"depth", required_argument, 0, 'd'}, {"decode", required_argument, 0, 'n'}, {"runs", required_argument, 0, 'r'},
     {"kv", required_argument, 0, O_KV}, {"bw", required_argument, 0, O_BW},
     {"out", required_argument, 0, O_OUT}, {"backend", required_argument, 0, O_BACKEND},
-    {"peak", required_argument, 0, O_PEAK},
+    {"peak", required_argument, 0, O_PEAK}, {"tg-depth", required_argument, 0, O_TG_DEPTH},
     {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   struct bench_opts o = {.pp = {512}, .n_pp = 1, .pp_max = 512, .tg = 128, .runs = 5, .kv = KVL_KV_BF16,
                          .peak_gops = -1, .out = "bench/results"};
@@ -426,6 +435,7 @@ int main(int argc, char **argv) {
     }
     case 'd': o.depth = parse_int(optarg, "-d", 0); break;
     case 'n': o.tg = parse_int(optarg, "-n", 0); break;
+    case O_TG_DEPTH: o.tg_depth = parse_int(optarg, "--tg-depth", 1); break;
     case 'r': o.runs = parse_int(optarg, "-r", 1); break;
     case O_BACKEND:
       if (kvl_bench_backend_opt("bench-prefill-decode", optarg, &o.cuda)) return 2;

@@ -305,6 +305,48 @@ static void d_done(struct dbuf *b, int n) {
     if (b[i].temp) kvl__cuda_free(b[i].d);
 }
 
+/* ---- small read-only tables (RMSNorm weights, RoPE frequencies) ----------------------
+ * Kept on the device with a host shadow: found again by host address and size while the
+ * host bytes still equal the shadow (a memcmp, ~0.1 us per KiB, instead of an upload per
+ * op: 2 x 3.5 KiB of norm weights per layer and step of the 0.5B), copied again when they
+ * differ (a caller's buffer reused for other values). Up to 64 KiB each, 64 of them, the
+ * least recently used replaced; a new copy queued on the stream after the kernels that
+ * read the old one. */
+enum { N_KCONST = 64, KCONST_MAX = 65536 };
+struct kconst {
+  const void *host;
+  size_t bytes;
+  char *shadow, *dev;
+  uint64_t used;
+};
+static struct kconst KC_[N_KCONST];
+static uint64_t kc_clock;
+
+/* the device copy of the small table [h, h + n): a dbuf the op does not free */
+static struct dbuf d_const(const void *h, size_t n) {
+  if (n == 0 || n > KCONST_MAX) return {(char *)upload(h, n), true};
+  struct kconst *e = NULL, *victim = &KC_[0];
+  for (int i = 0; i < N_KCONST && !e; i++) {
+    if (KC_[i].host == h && KC_[i].bytes == n) e = &KC_[i];
+    else if (KC_[i].used < victim->used) victim = &KC_[i];
+  }
+  if (e && memcmp(e->shadow, h, n) == 0) {
+    e->used = ++kc_clock;
+    return {e->dev, false};
+  }
+  if (!e) {
+    e = victim;
+    kvl__cuda_free(e->dev);
+    free(e->shadow);
+    e->host = h, e->bytes = n, e->dev = (char *)dalloc(n), e->shadow = (char *)malloc(n);
+    KVL_ASSERT(e->shadow);
+  }
+  memcpy(e->shadow, h, n);
+  to_dev(e->dev, h, n);
+  e->used = ++kc_clock;
+  return {e->dev, false};
+}
+
 static void cu_begin(kvl_backend_t *be) {
   (void)be;
   pthread_mutex_lock(&S_.mu);
@@ -515,8 +557,7 @@ static void cu_rmsnorm(kvl_backend_t *be, const float *x, const float *w, float 
   pthread_mutex_lock(&S_.mu);
   const size_t bytes = (size_t)n_tokens * (size_t)n * sizeof(float);
   /* one block per row: y may be x */
-  struct dbuf b[3] = {d_in(x, bytes), {(char *)upload(w, (size_t)n * sizeof(float)), true},
-                      d_out(y, bytes, x == y)};
+  struct dbuf b[3] = {d_in(x, bytes), d_const(w, (size_t)n * sizeof(float)), d_out(y, bytes, x == y)};
   kvl__cu_rmsnorm((const float *)b[0].d, (const float *)b[1].d, (float *)b[2].d, n_tokens, n, eps, S_.st);
   d_result(b[2], y, bytes);
   d_done(b, 3);
@@ -530,7 +571,7 @@ static void cu_rope(kvl_backend_t *be, const struct kvl_rope *r, float *x, const
   pthread_mutex_lock(&S_.mu);
   const size_t bytes = (size_t)n_tokens * (size_t)n_heads * (size_t)r->head_dim * sizeof(float);
   struct dbuf b[3] = {d_out(x, bytes, true), {(char *)upload(pos, (size_t)n_tokens * sizeof(int32_t)), true},
-                      {(char *)upload(r->inv_freq, (size_t)(r->head_dim / 2) * sizeof(float)), true}};
+                      d_const(r->inv_freq, (size_t)(r->head_dim / 2) * sizeof(float))};
   kvl__cu_rope((float *)b[0].d, (const int32_t *)b[1].d, (const float *)b[2].d, n_tokens, n_heads, r->head_dim,
                inverse, S_.st);
   d_result(b[0], x, bytes);
@@ -591,7 +632,8 @@ static void cu_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_
  * copy, so a block read every step is copied once. Up to N_DEVPOOL pools: the least
  * recently used one's copy makes room, and where the arena has none the others' copies go
  * (least recently used first; a freed pool's copy stays until then); a pool whose copy
- * still does not fit is staged per call as a pool without stamps is (a warning, once). KVL_CUDA_KV_CHECK=1
+ * still does not fit is staged per call as a pool without stamps is (a warning, once);
+ * KVL_CUDA_KV_KEEP=0 stages every pool (for A/B runs). KVL_CUDA_KV_CHECK=1
  * compares, at every attention call, the layer's rows the batch reads in the copy with
  * the host pool's and aborts on a difference (tests). Under S_.mu. */
 enum { N_DEVPOOL = 8 };
@@ -618,7 +660,9 @@ static void devpool_drop(struct devpool *d) {
 /* the device copy of the pool at base (made at first use), or NULL: staged */
 static struct devpool *devpool_get(const void *base, const struct kvl_kv_layout *l, const uint64_t *stamps,
                                    int32_t n_blocks) {
-  if (!stamps || n_blocks <= 0) return NULL;
+  static int keep = -1; /* KVL_CUDA_KV_KEEP=0: every pool staged (A/B runs) */
+  if (keep < 0) keep = !getenv("KVL_CUDA_KV_KEEP") || strcmp(getenv("KVL_CUDA_KV_KEEP"), "0") != 0;
+  if (!stamps || n_blocks <= 0 || !keep) return NULL;
   const size_t bb = kvl_kv_block_bytes(l);
   struct devpool *victim = &DP_[0];
   for (int i = 0; i < N_DEVPOOL; i++) {

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """test-bench-prefill-decode.py — bench-prefill-decode on a tiny model: prefill at a depth
-(pp<N>@d<D>), decode, and the result rows it writes (shared/BENCH-FORMAT.md); a depth
+(pp<N>@d<D>), decode, decode after a longer prompt (--tg-depth: tg<N>@d<D>, also on the
+CUDA backend compiled for the CPU, its pool kept and staged), and the result rows it writes
+(shared/BENCH-FORMAT.md); a depth
 beyond the model's context and bad options are refused with a message, and no result
 file is written then.
 
@@ -49,6 +51,26 @@ def main():
         rows0 = {x["test"]: x for x in json.load(open(os.path.join(out0, "prefill-decode.json")))["results"]} \
             if r.returncode == 0 else {}
         check(set(rows0) == {"pp8"} and rows0["pp8"].get("depth") == 0, f"no -d: one row pp8 at depth 0 ({sorted(rows0)})")
+
+        # --tg-depth: decode after a longer prompt (tg<N>@d<D>), on the CPU and on the CUDA backend compiled
+        # for the CPU, whose rows carry its copies: with the pool kept on the device a step copies in far
+        # less than staging the history per layer would (KVL_CUDA_KV_KEEP=0)
+        kib = {}
+        for backend, keep in (("cpu", "1"), ("cuda-sim", "1"), ("cuda-sim", "0")):
+            outd = os.path.join(d, f"outd-{backend}-{keep}")
+            r = subprocess.run([exe, "-m", model, "-p", "0", "-n", "2", "--tg-depth", "100", "-r", "1", "--peak", "0",
+                                "--backend", backend, "--out", outd], capture_output=True, text=True,
+                               env=dict(env, KVL_CUDA_KV_KEEP=keep, KVL_CUDA_KV_CHECK="1"))
+            rowsd = {x["test"]: x for x in json.load(open(os.path.join(outd, "prefill-decode.json")))["results"]} \
+                if r.returncode == 0 else {}
+            x = rowsd.get("tg2@d100", {})
+            check(set(rowsd) == {"tg2@d100"} and x.get("prompt_tokens") == 100 and x.get("value", 0) > 0,
+                  f"--tg-depth 100 on {backend} (keep {keep}): one row tg2@d100 after 100 tokens ({sorted(rowsd)}) "
+                  f"{r.stderr[-300:] if r.returncode else ''}")
+            kib[(backend, keep)] = x.get("device_kib_in_per_token")
+        check(kib[("cpu", "1")] is None, "the CPU's row has no device traffic")
+        kept, staged = kib[("cuda-sim", "1")] or 1e9, kib[("cuda-sim", "0")] or 0
+        check(kept * 4 < staged, f"cuda-sim: {kept:.1f} KiB in per step with the pool kept, {staged:.1f} staged")
 
         # a depth past the model's context: refused by name, nothing written
         out1 = os.path.join(d, "out1")
