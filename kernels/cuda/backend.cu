@@ -347,6 +347,48 @@ static struct dbuf d_const(const void *h, size_t n) {
   return {e->dev, false};
 }
 
+/* ---- the forward's new K/V rows for the host pool, deferred (kvl_kv_put) -------------
+ * Within a bracket, for a pool kept on the device, the new rows go into the device copy
+ * at once and into the host pool at the bracket's end: each layer's rows are queued for
+ * copying into a pinned buffer (no wait), and kvl_backend_end, after its one wait, stores
+ * them. So a decode step waits for the device once, not once per layer. Until then the
+ * host pool lacks them, and nothing reads it: kvl_kv_put brings the batch's blocks
+ * current on the device before writing rows there, so attention copies nothing from the
+ * host (KVL_CUDA_KV_CHECK stores them first, without counting the wait). Rows that do not
+ * fit the buffer (KV_PEND_MIB: a long prefill) are stored per layer as outside a bracket. */
+enum { KV_PEND_MIB = 8 };
+struct kv_pend {
+  const struct kvl_kv_layout *layout;
+  void *base;
+  int layer, n_tokens;
+  const int32_t *pos, *seq;
+  const int32_t *const *tables;
+  size_t off; /* its K rows at KP_.buf + off, the V rows after them */
+};
+static struct {
+  char *buf; /* pinned */
+  size_t cap, used;
+  struct kv_pend *p;
+  int n, n_cap;
+} KP_;
+
+/* the queued rows stored into the host pool, after a wait unless `waited` */
+static void kv_pend_flush(bool waited, bool counted) {
+  if (!KP_.n) return;
+  if (!waited) {
+    if (counted) wait_stream();
+    else KVL_CK(cudaStreamSynchronize(S_.st));
+  }
+  for (int i = 0; i < KP_.n; i++) {
+    const struct kv_pend *q = &KP_.p[i];
+    const float *k = (const float *)(KP_.buf + q->off);
+    kvl_kv_store(q->layout, q->base, q->layer, q->n_tokens, k,
+                 k + (size_t)q->n_tokens * (size_t)q->layout->n_kv_head * (size_t)q->layout->head_dim, q->pos, q->seq,
+                 q->tables);
+  }
+  KP_.n = 0, KP_.used = 0;
+}
+
 static void cu_begin(kvl_backend_t *be) {
   (void)be;
   pthread_mutex_lock(&S_.mu);
@@ -375,7 +417,9 @@ static void cu_end(kvl_backend_t *be, const void *keep, size_t bytes) {
   (void)be;
   pthread_mutex_lock(&S_.mu);
   if (keeping() && --M_.depth == 0) {
+    const unsigned long long w0 = T_.waits;
     if (keep && bytes) mirrors_settle((const char *)keep, bytes, true);
+    kv_pend_flush(T_.waits != w0, true); /* the deferred K/V rows to the host pool: one wait for all */
     for (int i = 0; i < M_.n; i++) kvl__cuda_free(M_.m[i].dev); /* scratch: not copied back */
     M_.n = 0;
   }
@@ -744,6 +788,7 @@ static size_t slab_offset(const struct kvl_attn_args *a) {
 
 /* KVL_CUDA_KV_CHECK: the rows of the layer the batch reads, device copy against host pool */
 static void devpool_check(const struct devpool *d, const struct kvl_attn_args *a, const kvl__cu_attn_stage *sg) {
+  kv_pend_flush(false, false); /* the host pool made current first (the wait not counted) */
   const struct kvl_kv_layout *l = a->kv;
   const size_t row = (size_t)l->n_kv_head * (size_t)l->head_dim * (l->dtype == KVL_KV_BF16 ? 2 : 4);
   const size_t half = KVL_KV_BLOCK * row, off = slab_offset(a);
@@ -831,27 +876,37 @@ static void cu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   free(tiles);
 }
 
-/* The new rows to the host pool (the caller's k and v brought back first where they are
- * kept on the device: one wait for both when adjacent), and into the pool's device copy. */
+/* The new rows into the pool's device copy (its blocks the batch reads brought current
+ * first) and into the host pool: at once (the caller's k and v brought back first where
+ * they are kept on the device: one wait for both when adjacent), or, within a bracket,
+ * queued for the bracket's end (the section above). */
 static void cu_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const float *k, const float *v) {
   (void)be;
   const int T = a->n_tokens, kvw = a->kv->n_kv_head * a->kv->head_dim;
   if (T <= 0) return;
   const size_t n = (size_t)T * (size_t)kvw * sizeof(float);
   pthread_mutex_lock(&S_.mu);
-  if (keeping()) {
-    if (v == k + (size_t)T * kvw) {
-      mirrors_settle((const char *)k, 2 * n, false);
-    } else {
-      mirrors_settle((const char *)k, n, false);
-      mirrors_settle((const char *)v, n, false);
-    }
-  }
-  pthread_mutex_unlock(&S_.mu);
-  kvl_kv_store(a->kv, (void *)a->kv_base, a->layer, T, k, v, a->pos, a->seq, a->block_tables);
-  pthread_mutex_lock(&S_.mu);
   struct devpool *dp = devpool_of(a);
+  const bool defer = dp && keeping() && KP_.used + 2 * n <= KP_.cap;
+  if (!defer) {
+    if (keeping()) {
+      if (v == k + (size_t)T * kvw) {
+        mirrors_settle((const char *)k, 2 * n, false);
+      } else {
+        mirrors_settle((const char *)k, n, false);
+        mirrors_settle((const char *)v, n, false);
+      }
+    }
+    pthread_mutex_unlock(&S_.mu);
+    kvl_kv_store(a->kv, (void *)a->kv_base, a->layer, T, k, v, a->pos, a->seq, a->block_tables);
+    pthread_mutex_lock(&S_.mu);
+    dp = devpool_of(a);
+  }
   if (dp) {
+    kvl__cu_attn_stage sg; /* the blocks the batch reads: current before rows go in */
+    KVL_ASSERT(kvl__cu_attn_stage_make(a, true, &sg) == 0);
+    devpool_sync(dp, a->kv_base, a->kv_stamps, sg.tables, (size_t)sg.n_seq * (size_t)sg.max_blocks, NULL);
+    kvl__cu_attn_stage_free(&sg);
     std::vector<int32_t> where(2 * (size_t)T);
     for (int t = 0; t < T; t++) {
       where[(size_t)t] = a->block_tables[a->seq[t]][a->pos[t] / KVL_KV_BLOCK];
@@ -866,6 +921,20 @@ static void cu_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const fl
     kvl__cu_kv_store_rows((const float *)b[0].d, dp->mem, &g, dw, dw + T, NULL, NULL, 2 * a->layer, T, S_.st);
     kvl__cu_kv_store_rows((const float *)b[1].d, dp->mem, &g, dw, dw + T, NULL, NULL, 2 * a->layer + 1, T, S_.st);
     KVL_CK(cudaGetLastError());
+    if (defer) { /* the rows to the pinned buffer, for the host pool at the bracket's end */
+      if (KP_.n == KP_.n_cap) {
+        const int cap = KP_.n_cap ? 2 * KP_.n_cap : 64;
+        struct kv_pend *p = (struct kv_pend *)realloc(KP_.p, (size_t)cap * sizeof(*p));
+        KVL_ASSERT(p);
+        KP_.p = p, KP_.n_cap = cap;
+      }
+      struct kv_pend *q = &KP_.p[KP_.n++];
+      q->layout = a->kv, q->base = (void *)a->kv_base, q->layer = a->layer, q->n_tokens = T;
+      q->pos = a->pos, q->seq = a->seq, q->tables = a->block_tables, q->off = KP_.used;
+      to_host(KP_.buf + KP_.used, b[0].d, n);
+      to_host(KP_.buf + KP_.used + n, b[1].d, n);
+      KP_.used += (2 * n + 63) / 64 * 64;
+    }
     d_done(b, 3);
   }
   pthread_mutex_unlock(&S_.mu);
@@ -1215,6 +1284,11 @@ static void init(void) {
     fprintf(stderr, "kvlingo: no pinned staging (%zu MiB): uploads come from pageable memory\n", S_.pin_bytes >> 20);
     (void)cudaGetLastError();
     S_.pin = NULL, S_.pin_bytes = 0;
+  }
+  KP_.cap = (size_t)KV_PEND_MIB << 20;
+  if (cudaMallocHost((void **)&KP_.buf, KP_.cap) != cudaSuccess) { /* the rows then stored per layer */
+    (void)cudaGetLastError();
+    KP_.buf = NULL, KP_.cap = 0;
   }
   pthread_mutex_init(&S_.mu, NULL);
   snprintf(be_name, sizeof(be_name), "cuda:%d (%.256s, compute %d.%d, %zu MiB arena)", S_.device, prop.name, prop.major,
