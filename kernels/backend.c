@@ -72,6 +72,7 @@ void kvl_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const float *k
     return;
   }
   kvl_kv_store(a->kv, (void *)a->kv_base, a->layer, a->n_tokens, k, v, a->pos, a->seq, a->block_tables);
+  kvl_kv_stamp_rows(a); /* a device's copy of these blocks (another backend's) is old now */
 }
 
 void kvl_backend_begin(kvl_backend_t *be) {

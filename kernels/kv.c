@@ -122,6 +122,17 @@ uint64_t kvl_kv_stamp_new(void) {
   return atomic_fetch_add_explicit(&next, 1, memory_order_relaxed);
 }
 
+void kvl_kv_stamp_rows(const struct kvl_attn_args *a) {
+  if (!a->kv_stamps) return;
+  int32_t last = -1;
+  for (int t = 0; t < a->n_tokens; t++) {
+    const int32_t b = a->block_tables[a->seq[t]][a->pos[t] / KVL_KV_BLOCK];
+    KVL_ASSERT(b >= 0 && b < a->kv_blocks);
+    if (b != last) a->kv_stamps[b] = kvl_kv_stamp_new(); /* a batch's tokens of one block are adjacent */
+    last = b;
+  }
+}
+
 void kvl_kv_store(const struct kvl_kv_layout *l, void *base, int layer, int n_tokens,
                   const float *k, const float *v, const int32_t *pos, const int32_t *seq,
                   const int32_t *const *block_tables) {

@@ -387,7 +387,7 @@ void kvl_pool_free(kvl_pool_t *p) {
 }
 
 void *kvl_pool_base(kvl_pool_t *p) { return p->hot_mem; }
-const uint64_t *kvl_pool_stamps(const kvl_pool_t *p) { return p->hot_stamp; }
+uint64_t *kvl_pool_stamps(kvl_pool_t *p) { return p->hot_stamp; }
 int32_t kvl_pool_hot_blocks(const kvl_pool_t *p) { return p->n_hot; }
 
 void kvl_line_written(kvl_line_t *l, int32_t from, int32_t to) {

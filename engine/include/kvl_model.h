@@ -91,7 +91,7 @@ struct kvl_kv_view {
   const int32_t *const *block_tables; /* per sequence: logical block -> physical block */
   /* optional: the pool's write stamps ([n_blocks], kvl_attn_args.kv_stamps): a device
    * backend keeps the pool on its device between calls (the scheduler's pools give them) */
-  const uint64_t *stamps;
+  uint64_t *stamps;
   int32_t n_blocks;
 };
 

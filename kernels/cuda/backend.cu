@@ -901,6 +901,7 @@ static void cu_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const fl
     kvl_kv_store(a->kv, (void *)a->kv_base, a->layer, T, k, v, a->pos, a->seq, a->block_tables);
     pthread_mutex_lock(&S_.mu);
     dp = devpool_of(a);
+    if (!dp) kvl_kv_stamp_rows(a); /* the host's rows only: no copy of ours is current now */
   }
   if (dp) {
     kvl__cu_attn_stage sg; /* the blocks the batch reads: current before rows go in */

@@ -115,16 +115,21 @@ struct kvl_attn_args {
   float scale;                 /* usually 1/sqrt(head_dim) */
   /* Optional: the pool's write stamps, one per physical block (kv_blocks of them), for a
    * backend that keeps a copy of the pool on its device. A block's stamp changes (to a new
-   * value from kvl_kv_stamp_new) whenever its host bytes are written other than by
-   * kvl_kv_put through that backend; the backend copies a block again when its stamp is
-   * not the one it copied. NULL: no copy kept, the blocks are read from the host pool. */
-  const uint64_t *kv_stamps;
+   * value from kvl_kv_stamp_new) whenever its host bytes are written other than into both
+   * the host and the copy: kvl_kv_put on a backend that keeps no copy of this pool (the
+   * CPU's) renews the stamps of the blocks it writes. The backend copies a block again
+   * when its stamp is not the one it copied. NULL: no copy kept, the blocks are read from
+   * the host pool. */
+  uint64_t *kv_stamps;
   int32_t kv_blocks;
 };
 
 /* A write stamp never handed out before in this process (never 0), so a copy made under
  * one stamp cannot match a block written since, even in another pool at the same address. */
 uint64_t kvl_kv_stamp_new(void);
+/* New stamps for the blocks a's tokens are in (a->kv_stamps; nothing where NULL): their rows
+ * were written in the host pool only. */
+void kvl_kv_stamp_rows(const struct kvl_attn_args *a);
 
 /* Where one (block, layer) keeps its keys and values. */
 void *kvl_kv_k_ptr(const struct kvl_kv_layout *l, void *base, int32_t block, int layer);
@@ -229,8 +234,10 @@ void kvl_add(kvl_backend_t *be, float *h, const float *x, int64_t n);
 /* Store the K and V rows k, v ([T][n_kv_head * head_dim], fp32) of a's tokens at layer
  * a->layer (a's n_tokens, pos, seq, block_tables, layer, kv, kv_base; q and out unused):
  * into the host pool, as kvl_kv_store, and, where the backend keeps a device copy of the
- * pool (a->kv_stamps given), into that copy too, so the block stays current there. Within
- * a begin/end bracket k and v may be an op's outputs still on the device. */
+ * pool (a->kv_stamps given), into that copy too, so the block stays current there; a
+ * backend without a copy renews the blocks' stamps (kvl_kv_stamp_rows). Within a
+ * begin/end bracket k and v may be an op's outputs still on the device, and on a device
+ * backend the host pool may get them only at kvl_backend_end. */
 void kvl_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const float *k, const float *v);
 
 /* Activations kept on a backend's device between ops. Between kvl_backend_begin and

@@ -90,10 +90,11 @@ void *kvl_pool_base(kvl_pool_t *p);
 const struct kvl_kv_layout *kvl_pool_layout(const kvl_pool_t *p);
 /* The hot arena's write stamps, one per hot block (kvl_pool_hot_blocks of them), as the
  * forward's kvl_kv_view.stamps: a slot's stamp changes whenever the pool writes or hands
- * out the slot (a restore from the cold or disk tier, a copy on write, a new block), and
- * at kvl_line_written. A device backend keeps its copy of a block while the stamp is the
- * one it copied under. */
-const uint64_t *kvl_pool_stamps(const kvl_pool_t *p);
+ * out the slot (a restore from the cold or disk tier, a copy on write, a new block), at
+ * kvl_line_written, and when a backend without a copy of the pool writes rows
+ * (kvl_kv_put). A device backend keeps its copy of a block while the stamp is the one it
+ * copied under. */
+uint64_t *kvl_pool_stamps(kvl_pool_t *p);
 int32_t kvl_pool_hot_blocks(const kvl_pool_t *p);
 /* The caller writes (or wrote) the host bytes of positions [from, to) of the hot line l
  * other than by a forward pass through kvl_kv_put (translation, a test's own rows): their

@@ -404,8 +404,9 @@ static void test_switch(void) {
  * The life of a pool's lines on one backend, through the pool's write stamps as the
  * scheduler passes them: a prompt, 30 decode steps (two new blocks), a fork whose next
  * token copies the shared tail block, an offload to the cold tier while another line takes
- * the hot slots, the restore, and rows written on the host (as translation on the CPU
- * does) announced by kvl_line_written. Logits at each of 6 points on the device against
+ * the hot slots, the restore, rows written on the host (as translation on the CPU does)
+ * announced by kvl_line_written, and a step of a backend without a copy (the CPU's) between
+ * two of the device's. Logits at each of 7 points on the device against
  * the CPU's (bound 0.5, same argmax); main sets KVL_CUDA_KV_CHECK, so every attention call
  * also compares the device's copy of the rows it reads with the host pool, bit for bit.
  * And the decode steps copy in less than a quarter of what staging the context per layer
@@ -425,7 +426,7 @@ static void pool_step(kvl_backend_t *be, kvl_model_t *m, kvl_line_t *l, const in
   CHECK_EQ_INT(kvl_model_forward(m, be, &b, &kv, lg, NULL), 0);
 }
 
-enum { POOL_POINTS = 6 };
+enum { POOL_POINTS = 7 };
 
 /* the script on one backend: lg[POOL_POINTS][n_vocab]; *decode_in: bytes copied in over the decode steps */
 static void pool_script(kvl_backend_t *be, kvl_model_t *m, bool rewrite, float *lg, unsigned long long *decode_in,
@@ -474,6 +475,9 @@ static void pool_script(kvl_backend_t *be, kvl_model_t *m, bool rewrite, float *
     kvl_kv_store(&kl, kvl_pool_base(p), layer, 16, k, v, pos, seq, tabs);
   kvl_line_written(a, 0, 16);
   pool_step(be, m, a, ids + 73, 1, lg + 5 * V);
+  /* 6: a step on the CPU backend (the pool written by a backend without a copy: new stamps), then on be */
+  pool_step(kvl_backend_cpu(), m, a, ids + 74, 1, NULL);
+  pool_step(be, m, a, ids + 75, 1, lg + 6 * V);
   kvl_line_free(a), kvl_line_free(b);
   kvl_pool_free(p);
 }
@@ -490,13 +494,17 @@ static void test_pool(void) {
   pool_script(cu, m, true, lg[1], &in[1], &staged[1], &waits[1]);
   pool_script(kvl_backend_cpu(), m, false, lg[2], &in[2], &staged[2], &waits[2]);
   static const char *what[POOL_POINTS] = {"prompt of 40", "30 decode steps",  "fork: tail block copied",
-                                          "the line forked from",  "offloaded, restored", "rows written on the host"};
+                                          "the line forked from",  "offloaded, restored", "rows written on the host",
+                                          "a step on the CPU between"};
   for (int i = 0; i < POOL_POINTS; i++) {
     int am[2];
-    const double worst = logprob_gap(lg[0] + (size_t)i * V, lg[1] + (size_t)i * V, V, am);
-    const bool ok = worst <= 0.5 && am[0] == am[1];
-    printf("%s pool       %-40s max |d log-prob| %.3f (bound 0.5), argmax %d / %d\n", ok ? "ok  " : "FAIL", what[i],
-           worst, am[0], am[1]);
+    const float *c = lg[0] + (size_t)i * V;
+    const double worst = logprob_gap(c, lg[1] + (size_t)i * V, V, am);
+    /* the same argmax, or a near tie on the CPU (a tiny random model's top two can be within
+     * bf16's reach; a stale cache moves far more, and the check above aborts on it) */
+    const bool ok = worst <= 0.5 && (am[0] == am[1] || c[am[0]] - c[am[1]] < 0.1f);
+    printf("%s pool       %-40s max |d log-prob| %.3f (bound 0.5), argmax %d / %d (CPU margin %.3f)\n",
+           ok ? "ok  " : "FAIL", what[i], worst, am[0], am[1], (double)(c[am[0]] - c[am[1]]));
     if (!ok) n_bad++;
     CHECK(ok);
   }
