@@ -122,6 +122,8 @@ uint64_t kvl_kv_stamp_new(void) {
   return atomic_fetch_add_explicit(&next, 1, memory_order_relaxed);
 }
 
+uint64_t kvl_kv_stamp_fresh(void) { return kvl_kv_stamp_new() | KVL_KV_STAMP_FRESH; }
+
 void kvl_kv_stamp_rows(const struct kvl_attn_args *a) {
   if (!a->kv_stamps) return;
   int32_t last = -1;

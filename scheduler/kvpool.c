@@ -165,6 +165,8 @@ static void blk_drop(kvl_pool_t *p, int32_t h) {
 static uint8_t *hot_data(kvl_pool_t *p, int32_t slot) { return p->hot_mem + (size_t)slot * p->bb; }
 /* A hot slot's bytes are (about to be) written by the pool: a device's copy of it is old. */
 static void hot_written(kvl_pool_t *p, int32_t slot) { p->hot_stamp[slot] = kvl_kv_stamp_new(); }
+/* A slot handed out to a new block: nothing of it is read before the forward writes it. */
+static void hot_fresh(kvl_pool_t *p, int32_t slot) { p->hot_stamp[slot] = kvl_kv_stamp_fresh(); }
 static uint8_t *cold_data(kvl_pool_t *p, int32_t slot) { return p->cold_mem + (size_t)slot * p->bb; }
 
 static off_t disk_off(const kvl_pool_t *p, int32_t slot) { return (off_t)slot * (off_t)p->bb; }
@@ -328,7 +330,7 @@ int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out) {
   for (int32_t i = 0; i < p->n_hot; i++) {
     p->hot_owner[i] = NONE;
     p->hot_free[i] = p->n_hot - 1 - i;
-    hot_written(p, i);
+    hot_fresh(p, i);
   }
   for (int32_t i = 0; i < p->n_cold; i++) { p->cold_owner[i] = NONE; p->cold_free[i] = p->n_cold - 1 - i; }
   p->n_hot_free = p->n_hot;
@@ -671,7 +673,7 @@ int kvl_line_append(kvl_line_t *l, const int32_t *tokens, int32_t n, kvl_writer_
     p->blk[h].hot = s;
     p->blk[h].refs = 1;
     p->hot_owner[s] = h;
-    hot_written(p, s); /* a new owner: whatever a device holds of the slot is someone else's */
+    hot_fresh(p, s); /* a new owner: whatever a device holds of the slot is someone else's, and unread */
     l->blocks[l->n_blocks++] = h;
   }
   memcpy(l->tok + l->len, tokens, (size_t)n * sizeof(int32_t));

@@ -670,10 +670,10 @@ static void cu_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_
  * A pool whose calls carry write stamps (kvl_attn_args.kv_stamps: the scheduler's) gets a
  * device copy of its whole hot arena, one arena slice, with the stamp each block was
  * copied under. Attention copies only the blocks it reads whose stamp changed since (the
- * pool's restores, copies on write and new blocks; translation on the host), runs of
+ * pool's restores and copies on write; translation on the host), runs of
  * consecutive blocks in one copy each, then reads the copy in place through the physical
  * block tables; kvl_kv_put writes the forward's new rows into both the host pool and the
- * copy, so a block read every step is copied once. Up to N_DEVPOOL pools: the least
+ * copy, so a block read every step is copied once, and a new one (a fresh stamp) never. Up to N_DEVPOOL pools: the least
  * recently used one's copy makes room, and where the arena has none the others' copies go
  * (least recently used first; a freed pool's copy stays until then); a pool whose copy
  * still does not fit is staged per call as a pool without stamps is (a warning, once);
@@ -768,7 +768,7 @@ static void devpool_sync(struct devpool *d, const void *base, const uint64_t *st
     KVL_ASSERT(b < d->n_blocks);
     if (d->stamp[b] != stamps[b]) {
       d->stamp[b] = stamps[b];
-      stale.push_back(b);
+      if (!(stamps[b] & KVL_KV_STAMP_FRESH)) stale.push_back(b); /* a new block's old bytes are never read */
     }
   }
   qsort(stale.data(), stale.size(), sizeof(int32_t), cmp_i32);

@@ -127,6 +127,11 @@ struct kvl_attn_args {
 /* A write stamp never handed out before in this process (never 0), so a copy made under
  * one stamp cannot match a block written since, even in another pool at the same address. */
 uint64_t kvl_kv_stamp_new(void);
+/* The same marked fresh (KVL_KV_STAMP_FRESH set): the block was handed out new, and no row
+ * of it is read before the forward writes it through kvl_kv_put (into the host pool and a
+ * device's copy alike), so a device need not copy the block's old bytes in. */
+#define KVL_KV_STAMP_FRESH (1ull << 63)
+uint64_t kvl_kv_stamp_fresh(void);
 /* New stamps for the blocks a's tokens are in (a->kv_stamps; nothing where NULL): their rows
  * were written in the host pool only. */
 void kvl_kv_stamp_rows(const struct kvl_attn_args *a);
