@@ -669,11 +669,12 @@ static void cu_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_
  *
  * A pool whose calls carry write stamps (kvl_attn_args.kv_stamps: the scheduler's) gets a
  * device copy of its whole hot arena, one arena slice, with the stamp each block was
- * copied under. Attention copies only the blocks it reads whose stamp changed since (the
- * pool's restores and copies on write; translation on the host), runs of
- * consecutive blocks in one copy each, then reads the copy in place through the physical
- * block tables; kvl_kv_put writes the forward's new rows into both the host pool and the
- * copy, so a block read every step is copied once, and a new one (a fresh stamp) never. Up to N_DEVPOOL pools: the least
+ * copied under. Attention (and kvl_kv_put) copies only the blocks it reads whose stamp
+ * changed since (the pool's restores and copies on write, rows written on the host), runs
+ * of consecutive blocks in one copy each, then reads the copy in place through the
+ * physical block tables; kvl_kv_put writes the forward's new rows into both the host pool
+ * and the copy, so a block read every step is copied once, and a new one (a fresh stamp)
+ * never. Up to N_DEVPOOL pools: the least
  * recently used one's copy makes room, and where the arena has none the others' copies go
  * (least recently used first; a freed pool's copy stays until then); a pool whose copy
  * still does not fit is staged per call as a pool without stamps is (a warning, once);
@@ -691,9 +692,6 @@ struct devpool {
 };
 static struct devpool DP_[N_DEVPOOL];
 static uint64_t dp_clock;
-static struct {
-  unsigned long long blocks; /* blocks copied to device copies of pools */
-} DPS_;
 
 static void devpool_drop(struct devpool *d) {
   kvl__cuda_free(d->mem);
@@ -776,7 +774,6 @@ static void devpool_sync(struct devpool *d, const void *base, const uint64_t *st
     size_t r = 1;
     while (i + r < stale.size() && stale[i + r] == stale[i] + (int32_t)r) r++;
     to_dev(d->mem + (size_t)stale[i] * d->bb, (const char *)base + (size_t)stale[i] * d->bb, r * d->bb);
-    DPS_.blocks += r;
     i += r;
   }
 }

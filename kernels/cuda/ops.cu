@@ -316,13 +316,14 @@ int kvl__cu_attn_stage_make(const struct kvl_attn_args *a, bool physical, kvl__c
   }
   /* blocks needed per sequence: up to its highest position in the batch */
   int *need = (int *)calloc((size_t)s->n_seq, sizeof(int));
-  s->tables = (int32_t *)malloc((size_t)(s->n_seq * s->max_blocks > 0 ? s->n_seq * s->max_blocks : 1) * sizeof(int32_t));
+  const size_t n_tab = (size_t)s->n_seq * (size_t)s->max_blocks;
+  s->tables = (int32_t *)malloc((n_tab > 0 ? n_tab : 1) * sizeof(int32_t));
   if (!need || !s->tables) {
     free(need);
     kvl__cu_attn_stage_free(s);
     return KVL_ENOMEM;
   }
-  for (size_t i = 0; i < (size_t)s->n_seq * (size_t)s->max_blocks; i++) s->tables[i] = -1;
+  for (size_t i = 0; i < n_tab; i++) s->tables[i] = -1;
   for (int t = 0; t < a->n_tokens; t++)
     if (a->pos[t] / KVL_KV_BLOCK + 1 > need[a->seq[t]]) need[a->seq[t]] = a->pos[t] / KVL_KV_BLOCK + 1;
   for (int q = 0; q < s->n_seq; q++) s->n_local += need[q];
