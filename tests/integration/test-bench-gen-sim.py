@@ -16,13 +16,10 @@ import subprocess
 import sys
 import tempfile
 
-bad = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks  # noqa: E402
 
-
-def check(cond, what):
-    global bad
-    print(("ok   " if cond else "FAIL ") + what)
-    bad += 0 if cond else 1
+check = Checks()
 
 
 def main():
@@ -50,8 +47,8 @@ def main():
         check(kib < 20, f"c=4: {kib:.1f} KiB copied in per generated token (less than 20: the pools stay on the device)")
         check(rows.get(4, {}).get("prefix_hit_rate", 0) > 0,
               f"c=4: prompts shared the prefix cache (hit rate {rows.get(4, {}).get('prefix_hit_rate')})")
-    print(f"{bad} failed")
-    return 1 if bad else 0
+    print(f"{check.failed} failed")
+    return 1 if check.failed else 0
 
 
 if __name__ == "__main__":
