@@ -28,6 +28,9 @@ struct kvl_backend_ops {
   void (*kv_put)(kvl_backend_t *be, const struct kvl_attn_args *a, const float *k, const float *v);
 };
 
+/* A backend that keeps copies of pools asks to hear of kvl_kv_pool_gone (at most 4). */
+void kvl__kv_pool_gone_hook(void (*fn)(const void *base));
+
 /* Vector primitives of one SIMD level (cpu/simd_*.c). All lengths in elements. */
 struct kvl__simd {
   const char *name;

@@ -1,4 +1,5 @@
 /* backend.c — the public op entry points: argument checks, then the backend's table. */
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "backend-impl.h"
@@ -64,6 +65,25 @@ void kvl_add(kvl_backend_t *be, float *h, const float *x, int64_t n) {
     return;
   }
   for (int64_t i = 0; i < n; i++) h[i] += x[i];
+}
+
+static struct {
+  pthread_mutex_t mu;
+  void (*fn[4])(const void *base);
+  int n;
+} gone_ = {PTHREAD_MUTEX_INITIALIZER, {0}, 0};
+
+void kvl__kv_pool_gone_hook(void (*fn)(const void *base)) {
+  pthread_mutex_lock(&gone_.mu);
+  KVL_ASSERT(gone_.n < 4);
+  gone_.fn[gone_.n++] = fn;
+  pthread_mutex_unlock(&gone_.mu);
+}
+
+void kvl_kv_pool_gone(const void *base) {
+  pthread_mutex_lock(&gone_.mu);
+  for (int i = 0; i < gone_.n; i++) gone_.fn[i](base);
+  pthread_mutex_unlock(&gone_.mu);
 }
 
 void kvl_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const float *k, const float *v) {

@@ -676,7 +676,7 @@ static void cu_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_
  * and the copy, so a block read every step is copied once, and a new one (a fresh stamp)
  * never. Up to N_DEVPOOL pools: the least
  * recently used one's copy makes room, and where the arena has none the others' copies go
- * (least recently used first; a freed pool's copy stays until then); a pool whose copy
+ * (least recently used first); kvl_kv_pool_gone drops a freed pool's; a pool whose copy
  * still does not fit is staged per call as a pool without stamps is (a warning, once);
  * KVL_CUDA_KV_KEEP=0 stages every pool (for A/B runs). KVL_CUDA_KV_CHECK=1
  * compares, at every attention call, the layer's rows the batch reads in the copy with
@@ -743,6 +743,14 @@ static struct devpool *devpool_get(const void *base, const struct kvl_kv_layout 
     return NULL;
   }
   return victim;
+}
+
+/* kvl_kv_pool_gone: the copy of the pool at base dropped */
+static void cu_pool_gone(const void *base) {
+  pthread_mutex_lock(&S_.mu);
+  for (int i = 0; i < N_DEVPOOL; i++)
+    if (DP_[i].base == base) devpool_drop(&DP_[i]);
+  pthread_mutex_unlock(&S_.mu);
 }
 
 static struct devpool *devpool_of(const struct kvl_attn_args *a) {
@@ -1293,6 +1301,7 @@ static void init(void) {
            prop.minor, want >> 20);
   be_cuda.name = be_name;
   be_cuda.ops = &cuda_ops;
+  kvl__kv_pool_gone_hook(cu_pool_gone);
 }
 
 extern "C" kvl_backend_t *KVL_CU_ENTRY(kvl_backend_cuda)(char *why, size_t whylen) {

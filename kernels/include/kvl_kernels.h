@@ -132,6 +132,10 @@ uint64_t kvl_kv_stamp_new(void);
  * device's copy alike), so a device need not copy the block's old bytes in. */
 #define KVL_KV_STAMP_FRESH (1ull << 63)
 uint64_t kvl_kv_stamp_fresh(void);
+/* The pool whose host arena is at base is about to be freed: a backend that keeps a copy of
+ * it (kv_stamps) lets the copy go now instead of when another pool needs the room. The
+ * pool's owner calls it (kvl_pool_free does). */
+void kvl_kv_pool_gone(const void *base);
 /* New stamps for the blocks a's tokens are in (a->kv_stamps; nothing where NULL): their rows
  * were written in the host pool only. */
 void kvl_kv_stamp_rows(const struct kvl_attn_args *a);
