@@ -777,7 +777,7 @@ static void devpool_sync(struct devpool *d, const void *base, const uint64_t *st
       if (!(stamps[b] & KVL_KV_STAMP_FRESH)) stale.push_back(b); /* a new block's old bytes are never read */
     }
   }
-  qsort(stale.data(), stale.size(), sizeof(int32_t), cmp_i32);
+  if (stale.size() > 1) qsort(stale.data(), stale.size(), sizeof(int32_t), cmp_i32); /* (data() may be NULL) */
   for (size_t i = 0; i < stale.size();) {
     size_t r = 1;
     while (i + r < stale.size() && stale[i + r] == stale[i] + (int32_t)r) r++;
