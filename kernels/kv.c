@@ -130,7 +130,7 @@ void kvl_kv_stamp_rows(const struct kvl_attn_args *a) {
   for (int t = 0; t < a->n_tokens; t++) {
     const int32_t b = a->block_tables[a->seq[t]][a->pos[t] / KVL_KV_BLOCK];
     KVL_ASSERT(b >= 0 && b < a->kv_blocks);
-    if (b != last) a->kv_stamps[b] = kvl_kv_stamp_new(); /* a batch's tokens of one block are adjacent */
+    if (b != last) a->kv_stamps[b] = kvl_kv_stamp_new(); /* a run of tokens in one block: one new stamp */
     last = b;
   }
 }

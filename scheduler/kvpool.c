@@ -372,7 +372,7 @@ void kvl_pool_free(kvl_pool_t *p) {
   if (!p) return;
   KVL_ASSERT(p->n_lines == 0);
   kvl__io_stop(&p->io); /* its reads land in hot slots: stop it before the arena goes */
-  kvl_kv_pool_gone(p->hot_mem); /* a device's copy of the arena goes with it */
+  if (p->hot_mem) kvl_kv_pool_gone(p->hot_mem); /* a device's copy of the arena goes with it */
   kvl_huge_free(p->hot_mem, p->hot_mapped);
   free(p->cold_mem);
   free(p->hot_owner);
