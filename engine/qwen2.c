@@ -144,26 +144,26 @@ static int forward_rows(kvl_model_t *m, kvl_backend_t *be, kvl_backend_t *hb, kv
     matmul_rows(be, sb, sink, &L->w_down, gate, x, T);
     kvl_add(be, h, x, (int64_t)T * E);
   }
-  bool all = logits != NULL; /* every row wants logits (decode): the head runs in the bracket too */
+  /* the rows that want logits, normalised and projected: when every row does (decode), the
+   * head runs in the bracket too and end keeps the logits (one wait for the step); else
+   * end keeps h (the rest is scratch) and the rows are gathered on the host first */
+  bool all = logits != NULL;
   for (int t = 0; t < T && all; t++) all = !b->logits || b->logits[t];
-  if (all) {
-    kvl_rmsnorm(be, h, m->output_norm, x, T, E, hp->rms_eps);
-    matmul_rows(hb, hsb, sink, &m->output, x, logits, T);
-    kvl_backend_end(be, logits, (size_t)T * (size_t)hp->n_vocab * sizeof(float)); /* one wait for the step */
-  } else {
-    kvl_backend_end(be, h, (size_t)T * E * sizeof(float)); /* the rest is scratch */
-    /* gather the rows that want logits, normalise, project */
-    int n_out = 0;
+  int n_out = T;
+  if (!all) {
+    kvl_backend_end(be, h, (size_t)T * E * sizeof(float));
+    n_out = 0;
     for (int t = 0; t < T; t++)
       if (!b->logits || b->logits[t]) {
         if (n_out != t) memcpy(h + (size_t)n_out * E, h + (size_t)t * E, (size_t)E * sizeof(float));
         sink[n_out++] = sink[t];
       }
-    if (n_out > 0 && logits) {
-      kvl_rmsnorm(be, h, m->output_norm, x, n_out, E, hp->rms_eps);
-      matmul_rows(hb, hsb, sink, &m->output, x, logits, n_out);
-    }
   }
+  if (n_out > 0 && logits) {
+    kvl_rmsnorm(be, h, m->output_norm, x, n_out, E, hp->rms_eps);
+    matmul_rows(hb, hsb, sink, &m->output, x, logits, n_out);
+  }
+  if (all) kvl_backend_end(be, logits, (size_t)T * (size_t)hp->n_vocab * sizeof(float));
   free(mem);
   for (int t = 0; t < T; t++)
     if (fill[t]) sink_keep(m, sb, b->tokens[t], fill[t]); /* takes it */

@@ -352,9 +352,9 @@ static struct dbuf d_const(const void *h, size_t n) {
  * at once and into the host pool at the bracket's end: each layer's rows are queued for
  * copying into a pinned buffer (no wait), and kvl_backend_end, after its one wait, stores
  * them. So a decode step waits for the device once, not once per layer. Until then the
- * host pool lacks them, and nothing reads it: kvl_kv_put brings the batch's blocks
- * current on the device before writing rows there, so attention copies nothing from the
- * host (KVL_CUDA_KV_CHECK stores them first, without counting the wait). Rows that do not
+ * host pool lacks them, and nothing reads it: kvl_kv_put brings the blocks it writes
+ * current on the device before writing rows there, so no later copy from the host takes
+ * them back (KVL_CUDA_KV_CHECK stores them first, without counting the wait). Rows that do not
  * fit the buffer (KV_PEND_MIB: a long prefill) are stored per layer as outside a bracket. */
 enum { KV_PEND_MIB = 8 };
 struct kv_pend {
@@ -819,13 +819,9 @@ static void devpool_check(const struct devpool *d, const struct kvl_attn_args *a
     }
 }
 
-static bool kv_check(void) {
-  static int on = -1;
-  if (on < 0) {
-    const char *e = getenv("KVL_CUDA_KV_CHECK");
-    on = e && *e && strcmp(e, "0") != 0;
-  }
-  return on;
+static bool kv_check(void) { /* read per call (tests turn it off and on) */
+  const char *e = getenv("KVL_CUDA_KV_CHECK");
+  return e && *e && strcmp(e, "0") != 0;
 }
 
 /* The plan picks the kernel, its tiles and key chunks. The blocks the batch's sequences
@@ -881,7 +877,7 @@ static void cu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
   free(tiles);
 }
 
-/* The new rows into the pool's device copy (its blocks the batch reads brought current
+/* The new rows into the pool's device copy (the blocks they go into brought current
  * first) and into the host pool: at once (the caller's k and v brought back first where
  * they are kept on the device: one wait for both when adjacent), or, within a bracket,
  * queued for the bracket's end (the section above). */
@@ -909,16 +905,15 @@ static void cu_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const fl
     if (!dp) kvl_kv_stamp_rows(a); /* the host's rows only: no copy of ours is current now */
   }
   if (dp) {
-    kvl__cu_attn_stage sg; /* the blocks the batch reads: current before rows go in */
-    KVL_ASSERT(kvl__cu_attn_stage_make(a, true, &sg) == 0);
-    devpool_sync(dp, a->kv_base, a->kv_stamps, sg.tables, (size_t)sg.n_seq * (size_t)sg.max_blocks, NULL);
-    kvl__cu_attn_stage_free(&sg);
     std::vector<int32_t> where(2 * (size_t)T);
     for (int t = 0; t < T; t++) {
       where[(size_t)t] = a->block_tables[a->seq[t]][a->pos[t] / KVL_KV_BLOCK];
       where[(size_t)T + t] = a->pos[t] % KVL_KV_BLOCK;
       KVL_ASSERT(where[(size_t)t] >= 0 && where[(size_t)t] < dp->n_blocks);
     }
+    /* the blocks written: current before rows go in (a later copy of one from the host
+     * would take back deferred rows); the batch's other blocks attention brings current */
+    devpool_sync(dp, a->kv_base, a->kv_stamps, where.data(), (size_t)T, NULL);
     struct kvl__cu_kv_geom g;
     g.n_kv_head = a->kv->n_kv_head, g.head_dim = a->kv->head_dim, g.bf16 = a->kv->dtype == KVL_KV_BF16;
     g.block_bytes = (int64_t)dp->bb, g.slab_bytes = (int64_t)KVL_KV_BLOCK * kvw * (g.bf16 ? 2 : 4);

@@ -103,6 +103,11 @@ static void test_elementwise(void) {
   kvl_rmsnorm(cu, x, w, y, T, n, 1e-6f);
   kvl_rmsnorm_ref(x, w, yr, T, n, 1e-6f);
   report("rmsnorm", "7x1536", nmse(y, yr, (size_t)T * n), 1e-10);
+  /* the same weight buffer with other values: the device's kept copy of it must follow */
+  for (int i = 0; i < n; i++) w[i] = -2.0f * w[i] + 0.25f;
+  kvl_rmsnorm(cu, x, w, y, T, n, 1e-6f);
+  kvl_rmsnorm_ref(x, w, yr, T, n, 1e-6f);
+  report("rmsnorm", "7x1536, weights rewritten in place", nmse(y, yr, (size_t)T * n), 1e-10);
   kvl_swiglu(cu, x, u, y, (int64_t)T * n);
   kvl_swiglu_ref(x, u, yr, (int64_t)T * n);
   report("swiglu", "7x1536", nmse(y, yr, (size_t)T * n), 1e-10);
@@ -405,11 +410,13 @@ static void test_switch(void) {
  * scheduler passes them: a prompt, 30 decode steps (two new blocks), a fork whose next
  * token copies the shared tail block, an offload to the cold tier while another line takes
  * the hot slots, the restore, rows written on the host (as translation on the CPU does)
- * announced by kvl_line_written, and a step of a backend without a copy (the CPU's) between
- * two of the device's. Logits at each of 7 points on the device against
- * the CPU's (bound 0.5, same argmax); main sets KVL_CUDA_KV_CHECK, so every attention call
- * also compares the device's copy of the rows it reads with the host pool, bit for bit.
- * And the decode steps copy in less than a quarter of what staging the context per layer
+ * announced by kvl_line_written, and a step of a backend without a copy (the CPU's, reading
+ * the host pool the device's steps wrote) between two of the device's. Logits at each of 8
+ * points against an all-CPU run's (bound 0.2, same argmax), twice: with
+ * KVL_CUDA_KV_CHECK (main sets it: every attention call also compares the device's copy of
+ * the rows it reads with the host pool, bit for bit), and without it (the check stores the
+ * queued rows early; without it they reach the host pool only at each step's end). And
+ * the decode steps copy in less than a quarter of what staging the context per layer
  * would, waiting for the device once per step. */
 static void pool_step(kvl_backend_t *be, kvl_model_t *m, kvl_line_t *l, const int32_t *ids, int n, float *lg) {
   kvl_pool_t *p = kvl_line_pool(l);
@@ -426,7 +433,7 @@ static void pool_step(kvl_backend_t *be, kvl_model_t *m, kvl_line_t *l, const in
   CHECK_EQ_INT(kvl_model_forward(m, be, &b, &kv, lg, NULL), 0);
 }
 
-enum { POOL_POINTS = 7 };
+enum { POOL_POINTS = 8 };
 
 /* the script on one backend: lg[POOL_POINTS][n_vocab]; *decode_in: bytes copied in over the decode steps */
 static void pool_script(kvl_backend_t *be, kvl_model_t *m, bool rewrite, float *lg, unsigned long long *decode_in,
@@ -467,7 +474,8 @@ static void pool_script(kvl_backend_t *be, kvl_model_t *m, bool rewrite, float *
   float k[64 * 32], v[64 * 32];
   const int kvw = hp->n_kv_head * hp->head_dim;
   KVL_ASSERT(kvw <= 64);
-  fill(k, (size_t)16 * kvw, 1.0f), fill(v, (size_t)16 * kvw, 1.0f);
+  unsigned long long rs = 17; /* the same rows in every run of the script */
+  for (int i = 0; i < 16 * kvw; i++) k[i] = kvl_test_randf(&rs), v[i] = kvl_test_randf(&rs);
   int32_t pos[16], seq[16] = {0};
   for (int i = 0; i < 16; i++) pos[i] = i;
   const int32_t *tabs[] = {kvl_line_block_table(a)};
@@ -476,8 +484,8 @@ static void pool_script(kvl_backend_t *be, kvl_model_t *m, bool rewrite, float *
   kvl_line_written(a, 0, 16);
   pool_step(be, m, a, ids + 73, 1, lg + 5 * V);
   /* 6: a step on the CPU backend (the pool written by a backend without a copy: new stamps), then on be */
-  pool_step(kvl_backend_cpu(), m, a, ids + 74, 1, NULL);
-  pool_step(be, m, a, ids + 75, 1, lg + 6 * V);
+  pool_step(kvl_backend_cpu(), m, a, ids + 74, 1, lg + 6 * V); /* reads the host pool be wrote */
+  pool_step(be, m, a, ids + 75, 1, lg + 7 * V);
   kvl_line_free(a), kvl_line_free(b);
   kvl_pool_free(p);
 }
@@ -487,24 +495,29 @@ static void test_pool(void) {
   void *buf;
   kvl_model_t *m = tiny_model_load(&o, &buf);
   const int V = kvl_model_hparams(m)->n_vocab;
-  float *lg[3];
-  unsigned long long in[3], staged[3], waits[3];
-  for (int i = 0; i < 3; i++) lg[i] = malloc((size_t)POOL_POINTS * V * 4);
+  float *lg[4];
+  unsigned long long in[4], staged[4], waits[4];
+  for (int i = 0; i < 4; i++) lg[i] = malloc((size_t)POOL_POINTS * V * 4);
   pool_script(kvl_backend_cpu(), m, true, lg[0], &in[0], &staged[0], &waits[0]);
   pool_script(cu, m, true, lg[1], &in[1], &staged[1], &waits[1]);
   pool_script(kvl_backend_cpu(), m, false, lg[2], &in[2], &staged[2], &waits[2]);
+  /* and without the check, whose compare stores the queued rows early: here the host pool
+   * gets them only at each step's end, and the CPU's step and the restore read it */
+  setenv("KVL_CUDA_KV_CHECK", "0", 1);
+  pool_script(cu, m, true, lg[3], &in[3], &staged[3], &waits[3]);
+  setenv("KVL_CUDA_KV_CHECK", "1", 1);
   static const char *what[POOL_POINTS] = {"prompt of 40", "30 decode steps",  "fork: tail block copied",
                                           "the line forked from",  "offloaded, restored", "rows written on the host",
-                                          "a step on the CPU between"};
-  for (int i = 0; i < POOL_POINTS; i++) {
+                                          "the CPU's step, on the device's pool", "the device's, after the CPU's"};
+  for (int i = 0; i < 2 * POOL_POINTS; i++) {
     int am[2];
-    const float *c = lg[0] + (size_t)i * V;
-    const double worst = logprob_gap(c, lg[1] + (size_t)i * V, V, am);
-    /* the same argmax, or a near tie on the CPU (a tiny random model's top two can be within
-     * bf16's reach; a stale cache moves far more, and the check above aborts on it) */
-    const bool ok = worst <= 0.5 && (am[0] == am[1] || c[am[0]] - c[am[1]] < 0.1f);
-    printf("%s pool       %-40s max |d log-prob| %.3f (bound 0.5), argmax %d / %d (CPU margin %.3f)\n",
-           ok ? "ok  " : "FAIL", what[i], worst, am[0], am[1], (double)(c[am[0]] - c[am[1]]));
+    const size_t at = (size_t)(i % POOL_POINTS) * V;
+    const double worst = logprob_gap(lg[0] + at, lg[i < POOL_POINTS ? 1 : 3] + at, V, am);
+    /* bf16 products against the CPU's int8 ones move a tiny model's log-probs by < 0.07 here;
+     * a stale row moves them far more (the rewrite below: 0.455) */
+    const bool ok = worst <= 0.2 && am[0] == am[1];
+    printf("%s pool       %-40s max |d log-prob| %.3f (bound 0.2), argmax %d / %d%s\n", ok ? "ok  " : "FAIL",
+           what[i % POOL_POINTS], worst, am[0], am[1], i < POOL_POINTS ? "" : ", check off");
     if (!ok) n_bad++;
     CHECK(ok);
   }
@@ -524,7 +537,7 @@ static void test_pool(void) {
          "30 decode steps", waits[1]);
   if (waits[1] > 30) n_bad++;
   CHECK(waits[1] <= 30);
-  for (int i = 0; i < 3; i++) free(lg[i]);
+  for (int i = 0; i < 4; i++) free(lg[i]);
   kvl_model_free(m);
   free(buf);
 }
