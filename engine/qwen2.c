@@ -63,10 +63,42 @@ static void sink_keep(kvl_model_t *m, const kvl_backend_t *sb, int32_t tok, floa
   free(rows);
 }
 
+/* The end of a decode step's bracket, its logits [T][V] still on be's device: the rows
+ * whose token asked for KVL_LOGITS_TOP summarised there (kvl_logits_top) and only the
+ * summaries and the other rows brought to the host, where hb has the op; else the rows. */
+static void head_end(kvl_backend_t *be, kvl_backend_t *hb, const struct kvl_batch *b, float *logits,
+                     struct kvl_logit_top *top, int T, int V) {
+  const size_t row_bytes = (size_t)V * sizeof(float), top_bytes = (size_t)T * sizeof(*top);
+  int n_sum = 0;
+  for (int t = 0; top && b->logits && t < T; t++) n_sum += b->logits[t] == KVL_LOGITS_TOP;
+  if ((size_t)n_sum * row_bytes <= top_bytes) n_sum = 0; /* a vocabulary too small to gain */
+  int8_t *full = n_sum > 0 ? malloc((size_t)T) : NULL;
+  char *ob = NULL;
+  size_t ob_bytes = top_bytes;
+  if (full) {
+    for (int t = 0; t < T; t++) full[t] = b->logits[t] != KVL_LOGITS_TOP;
+    ob_bytes += (size_t)(T - n_sum) * row_bytes;
+    ob = malloc(ob_bytes);
+  }
+  if (!ob || !kvl_logits_top(hb, logits, T, V, full, (struct kvl_logit_top *)ob, (float *)(ob + top_bytes))) {
+    kvl_backend_end(be, logits, (size_t)T * row_bytes);
+    for (int r = 0; top && r < T; r++) top[r].full = 1;
+  } else {
+    kvl_backend_end(be, ob, ob_bytes);
+    memcpy(top, ob, top_bytes);
+    for (int r = 0, j = 0; r < T; r++) {
+      top[r].full = full[r];
+      if (full[r]) memcpy(logits + (size_t)r * V, ob + top_bytes + (size_t)j++ * row_bytes, row_bytes);
+    }
+  }
+  free(full);
+  free(ob);
+}
+
 /* hb: the backend of the output head (the caller's, where be is its exact twin) */
 static int forward_rows(kvl_model_t *m, kvl_backend_t *be, kvl_backend_t *hb, kvl_backend_t *sb,
                         const struct kvl_batch *b, const struct kvl_kv_view *kv, float *logits,
-                        const struct kvl_capture *cap) {
+                        struct kvl_logit_top *top, const struct kvl_capture *cap) {
   const struct kvl_model_hparams *hp = &m->hp;
   const int T = b->n_tokens, E = hp->n_embd, D = hp->head_dim, H = hp->n_head;
   const int KV = hp->n_kv_head * D, F = hp->n_ff;
@@ -163,7 +195,9 @@ static int forward_rows(kvl_model_t *m, kvl_backend_t *be, kvl_backend_t *hb, kv
     kvl_rmsnorm(be, h, m->output_norm, x, n_out, E, hp->rms_eps);
     matmul_rows(hb, hsb, sink, &m->output, x, logits, n_out);
   }
-  if (all) kvl_backend_end(be, logits, (size_t)T * (size_t)hp->n_vocab * sizeof(float));
+  if (all) head_end(be, hb, b, logits, top, T, hp->n_vocab);
+  else
+    for (int r = 0; top && r < n_out; r++) top[r].full = 1;
   free(mem);
   for (int t = 0; t < T; t++)
     if (fill[t]) sink_keep(m, sb, b->tokens[t], fill[t]); /* takes it */
@@ -172,8 +206,8 @@ static int forward_rows(kvl_model_t *m, kvl_backend_t *be, kvl_backend_t *hb, kv
   return 0;
 }
 
-int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch *b,
-                      const struct kvl_kv_view *kv, float *logits, const struct kvl_capture *cap) {
+static int forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch *b, const struct kvl_kv_view *kv,
+                   float *logits, struct kvl_logit_top *top, const struct kvl_capture *cap) {
   const struct kvl_model_hparams *hp = &m->hp;
   const int T = b->n_tokens, D = hp->head_dim, KV = hp->n_kv_head * D;
   KVL_ASSERT(kv->layout->n_layer == hp->n_layer && kv->layout->n_kv_head == hp->n_kv_head &&
@@ -228,11 +262,21 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
   }
   kvl_backend_end(be, NULL, 0);
   int rc = 0;
-  if (n_keep == T) rc = forward_rows(m, be, hb, sb, b, kv, logits, cap);
+  if (n_keep == T) rc = forward_rows(m, be, hb, sb, b, kv, logits, top, cap);
   else if (n_keep > 0) {
     struct kvl_batch r = {n_keep, keep, keep + T, keep + 2 * T, keep_lg};
-    rc = forward_rows(m, be, hb, sb, &r, kv, logits, cap);
+    rc = forward_rows(m, be, hb, sb, &r, kv, logits, top, cap);
   }
   free(keep), free(keep_lg), free(rows);
   return rc;
+}
+
+int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch *b,
+                      const struct kvl_kv_view *kv, float *logits, const struct kvl_capture *cap) {
+  return forward(m, be, b, kv, logits, NULL, cap);
+}
+
+int kvl_model_forward_top(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch *b,
+                          const struct kvl_kv_view *kv, float *logits, struct kvl_logit_top *top) {
+  return forward(m, be, b, kv, logits, top, NULL);
 }

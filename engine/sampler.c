@@ -4,7 +4,7 @@
  *
  * Costs per token on V logits: greedy without bias or penalties is one argmax pass; the
  * general path is one copy pass, one max pass, one exp pass and a draw pass; top-k adds
- * a radix selection (a few O(V) passes, no sort); top-p adds a histogram of probability
+ * a radix selection (a few O(V) passes) and a sort of the k kept; top-p adds a histogram of probability
  * mass and sorts only the tokens of the one bucket where the cut falls. Nothing ever
  * sorts the vocabulary. Log-probs add a top-N pass and an exp pass over the raw logits.
  */
@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "kvl_error.h"
+#include "kvl_kernels.h" /* struct kvl_logit_top */
 
 /* A candidate token. v holds the processed logit, then (after the exp pass) the
  * unnormalised probability exp((logit - max) / T), in (0, 1], 1 for the max. */
@@ -465,16 +466,27 @@ static int32_t argmax_cand(const kvl_sampler_t *s) {
 
 /* Steps 4-7 on the loaded candidates: leaves cand[0..*n_out) holding the unnormalised
  * probabilities of the kept tokens and returns their sum (0: nothing can be chosen). */
+static double truncate_kept(kvl_sampler_t *s, size_t n, size_t *n_out);
+
 static double truncate(kvl_sampler_t *s, size_t *n_out) {
   struct cand *c = s->cand;
   size_t n = (size_t)s->n_vocab;
-  *n_out = 0;
 
-  /* top-k on logits: the order does not change under a positive temperature */
+  /* top-k on logits: the order does not change under a positive temperature. The kept
+   * ones sorted (descending, lower id first), as a device's summary of the row gives
+   * them (kvl_sampler_sample_top): both draw from the same list in the same order. */
   if (s->p.top_k > 0 && (size_t)s->p.top_k < n) {
     select_top(c, n, (size_t)s->p.top_k);
     n = (size_t)s->p.top_k;
+    qsort(c, n, sizeof(*c), cmp_desc);
   }
+  return truncate_kept(s, n, n_out);
+}
+
+/* Steps 4-7 after top-k, on cand[0..n) */
+static double truncate_kept(kvl_sampler_t *s, size_t n, size_t *n_out) {
+  struct cand *c = s->cand;
+  *n_out = 0;
   float vmax = -INFINITY;
   for (size_t i = 0; i < n; i++) vmax = c[i].v > vmax ? c[i].v : vmax;
   if (vmax == -INFINITY) return 0;
@@ -539,6 +551,23 @@ static void fill_logprobs(const kvl_sampler_t *s, const float *logits, int32_t t
 
 /* ---- sampling -------------------------------------------------------------------- */
 
+/* Step 8: a draw from cand[0..n) holding unnormalised probabilities that sum to sum;
+ * -1 when sum is 0 (no RNG consumed then). */
+static int32_t draw(kvl_sampler_t *s, size_t n, double sum) {
+  int32_t tok = -1;
+  if (sum > 0) {
+    const double u = rng_uniform(s->rng) * sum;
+    double cum = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (s->cand[i].v <= 0.0f) continue;
+      tok = s->cand[i].id; /* the last positive one, should rounding overrun */
+      cum += s->cand[i].v;
+      if (u < cum) break;
+    }
+  }
+  return tok;
+}
+
 int32_t kvl_sampler_sample(kvl_sampler_t *s, const float *logits, struct kvl_sample_info *info) {
   KVL_ASSERT(s && logits);
   int32_t tok;
@@ -551,17 +580,7 @@ int32_t kvl_sampler_sample(kvl_sampler_t *s, const float *logits, struct kvl_sam
     } else {
       size_t n;
       double sum = truncate(s, &n);
-      tok = -1;
-      if (sum > 0) {
-        const double u = rng_uniform(s->rng) * sum;
-        double cum = 0;
-        for (size_t i = 0; i < n; i++) {
-          if (s->cand[i].v <= 0.0f) continue;
-          tok = s->cand[i].id; /* the last positive one, should rounding overrun */
-          cum += s->cand[i].v;
-          if (u < cum) break;
-        }
-      }
+      tok = draw(s, n, sum);
     }
   }
   if (tok < 0) return KVL_ERANGE;
@@ -571,6 +590,47 @@ int32_t kvl_sampler_sample(kvl_sampler_t *s, const float *logits, struct kvl_sam
     info->rank = 0;
     info->n_top = 0;
     if (s->p.logprobs) fill_logprobs(s, logits, tok, info);
+  }
+  return tok;
+}
+
+bool kvl_sampler_top_enough(const kvl_sampler_t *s) {
+  if (s->p.n_bias > 0 || s->track_ctx || s->track_out) return false;
+  if (s->greedy) return true;
+  return s->p.top_k > 0 && s->p.top_k <= KVL_LOGIT_TOP && s->p.top_k < s->n_vocab;
+}
+
+int32_t kvl_sampler_sample_top(kvl_sampler_t *s, const struct kvl_logit_top *t, struct kvl_sample_info *info) {
+  KVL_ASSERT(s && t && kvl_sampler_top_enough(s));
+  KVL_ASSERT(t->n == (s->n_vocab < KVL_LOGIT_TOP ? s->n_vocab : KVL_LOGIT_TOP));
+  int32_t tok = -1;
+  if (s->greedy) {
+    if (t->n > 0 && t->val[0] > -INFINITY) tok = t->id[0];
+  } else { /* the list truncate() sorts after its top-k, already sorted */
+    const size_t k = (size_t)s->p.top_k;
+    for (size_t i = 0; i < k; i++) s->cand[i] = (struct cand){t->val[i], t->id[i]};
+    size_t n;
+    double sum = truncate_kept(s, k, &n);
+    tok = draw(s, n, sum);
+  }
+  if (tok < 0) return KVL_ERANGE;
+  if (info) {
+    info->token = tok;
+    info->logprob = NAN;
+    info->rank = 0;
+    info->n_top = 0;
+    if (s->p.logprobs) { /* every entry above tok's is in the summary, and the top N */
+      int j = 0;
+      while (j < t->n - 1 && t->id[j] != tok) j++;
+      KVL_ASSERT(t->id[j] == tok);
+      int32_t above = 0;
+      for (int i = 0; i < j; i++) above += t->val[i] > t->val[j];
+      info->logprob = (float)((double)t->val[j] - t->lse);
+      info->rank = 1 + above;
+      info->n_top = s->p.top_logprobs < t->n ? s->p.top_logprobs : t->n;
+      for (int i = 0; i < info->n_top; i++)
+        info->top[i] = (struct kvl_token_logprob){t->id[i], (float)((double)t->val[i] - t->lse)};
+    }
   }
   return tok;
 }

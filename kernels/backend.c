@@ -112,6 +112,13 @@ bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t)
   return be->ops->traffic && be->ops->traffic(be, t);
 }
 
+bool kvl_logits_top(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
+                    struct kvl_logit_top *top, float *rows) {
+  if (!be->ops->logits_top) return false;
+  if (n_rows > 0) be->ops->logits_top(be, logits, n_rows, n_vocab, full, top, rows);
+  return true;
+}
+
 bool kvl_backend_can_translate(const kvl_backend_t *be) { return be && be->ops->translate; }
 
 int kvl_backend_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *err, size_t errlen) {

@@ -111,6 +111,7 @@ struct kvl_sched {
   const int32_t **tables;
   struct req **batch;
   float *logits;
+  struct kvl_logit_top *top; /* [max_seqs]: what each row of logits got */
   size_t cap_tok, cap_logits;
 };
 
@@ -136,7 +137,11 @@ int kvl_sched_new(const struct kvl_sched_config *c, kvl_sched_t **out) {
   s->want = malloc(n);
   s->tables = malloc((size_t)s->cfg.max_seqs * sizeof(*s->tables));
   s->batch = malloc((size_t)s->cfg.max_seqs * sizeof(*s->batch));
-  if (!s->tok || !s->pos || !s->seqi || !s->want || !s->tables || !s->batch) { kvl_sched_free(s); return KVL_ENOMEM; }
+  s->top = malloc((size_t)s->cfg.max_seqs * sizeof(*s->top));
+  if (!s->tok || !s->pos || !s->seqi || !s->want || !s->tables || !s->batch || !s->top) {
+    kvl_sched_free(s);
+    return KVL_ENOMEM;
+  }
   *out = s;
   return 0;
 }
@@ -155,7 +160,7 @@ void kvl_sched_free(kvl_sched_t *s) {
   }
   conv_free_all(s);
   for (int i = 0; i < s->n_models; i++) kvl_pool_free(s->models[i].pool);
-  free(s->tok); free(s->pos); free(s->seqi); free(s->want); free(s->tables); free(s->batch); free(s->logits);
+  free(s->tok); free(s->pos); free(s->seqi); free(s->want); free(s->tables); free(s->batch); free(s->logits); free(s->top);
   free(s);
 }
 
@@ -788,6 +793,14 @@ static void uncertainty(const float *l, int32_t n, int32_t tok, float *h, float 
   *lp = (float)((double)l[tok] - mx - lz);
 }
 
+/* the same from a row's summary (tok is in it: the sampler chose it from there) */
+static void uncertainty_top(const struct kvl_logit_top *t, int32_t tok, float *h, float *lp) {
+  int j = 0;
+  while (j < t->n - 1 && t->id[j] != tok) j++;
+  *h = t->entropy;
+  *lp = (float)((double)t->val[j] - t->lse);
+}
+
 /* KL(native || translated) of a shadow's next-token distribution (logits l) against the
  * translated request's (log-probs ref), folded into its translator's online estimate;
  * the gate closes when the estimate passes the bar. */
@@ -894,6 +907,12 @@ static bool cascade_due(struct req *r, float h, float lp) {
          (r->cascade.min_logprob < 0 && lo < r->cascade.min_logprob);
 }
 
+/* whether r's next logits must come to the host whole: its sampler needs more than a
+ * summary (kvl_sampler_top_enough), or a shadow compares the whole distribution */
+static bool full_row(const struct req *r) {
+  return !kvl_sampler_top_enough(r->sampler) || r->shadow_ref || (r->generated == 0 && r->usage.translated > 0 && r->cb);
+}
+
 static int step_model(kvl_sched_t *s, struct model *m) {
   if (!m->reqs) return 0;
   /* order the live requests */
@@ -982,7 +1001,7 @@ static int step_model(kvl_sched_t *s, struct model *m) {
         s->tok[n_tok] = r->seq[r->computed + j];
         s->pos[n_tok] = r->computed + j;
         s->seqi[n_tok] = n_batch;
-        s->want[n_tok] = r->computed + j == r->len - 1;
+        s->want[n_tok] = r->computed + j == r->len - 1 ? (full_row(r) ? 1 : KVL_LOGITS_TOP) : 0;
         n_tok++;
       }
       n_batch++;
@@ -1000,7 +1019,7 @@ static int step_model(kvl_sched_t *s, struct model *m) {
   struct kvl_kv_view kv = {kvl_pool_layout(m->pool), kvl_pool_base(m->pool), s->tables, kvl_pool_stamps(m->pool),
                            kvl_pool_hot_blocks(m->pool)};
   struct kvl_batch bt = {n_tok, s->tok, s->pos, s->seqi, s->want};
-  int rc = kvl_model_forward(m->cfg.model, m->cfg.backend, &bt, &kv, s->logits, NULL);
+  int rc = kvl_model_forward_top(m->cfg.model, m->cfg.backend, &bt, &kv, s->logits, s->top);
   if (rc < 0) return rc;
   const int32_t NV = kvl_model_hparams(m->cfg.model)->n_vocab;
   int32_t row = 0;
@@ -1022,10 +1041,12 @@ static int step_model(kvl_sched_t *s, struct model *m) {
       continue;
     }
     if (r->logit_row < 0) continue;
-    const float *lrow = s->logits + (size_t)row * NV;
+    /* the row, or only its summary where the backend kept the row on its device */
+    const struct kvl_logit_top *top = &s->top[row];
+    const float *lrow = top->full ? s->logits + (size_t)row * NV : NULL;
     if (r->shadow_ref) shadow_measure(s, model_index(s, m), r, lrow, NV);
     struct kvl_sample_info info;
-    int32_t tok = kvl_sampler_sample(r->sampler, lrow, &info);
+    int32_t tok = lrow ? kvl_sampler_sample(r->sampler, lrow, &info) : kvl_sampler_sample_top(r->sampler, top, &info);
     row++;
     if (tok < 0) { finish(s, m, r, KVL_DONE_ERROR, -1, 0); continue; }
     kvl_sampler_accept(r->sampler, tok);
@@ -1044,7 +1065,8 @@ static int step_model(kvl_sched_t *s, struct model *m) {
     float h = 0, lp = 0;
     bool move = false;
     if (r->cascade.on) {
-      uncertainty(lrow, NV, tok, &h, &lp);
+      if (lrow) uncertainty(lrow, NV, tok, &h, &lp);
+      else uncertainty_top(top, tok, &h, &lp);
       move = cascade_due(r, h, lp);
     }
     struct kvl_token_event ev = {tok, r->generated - 1, info.logprob, false, KVL_DONE_NONE, r->usage,

@@ -82,7 +82,8 @@ struct kvl_batch {
   const int32_t *tokens;  /* [T] token ids */
   const int32_t *pos;     /* [T] position of each token in its sequence */
   const int32_t *seq;     /* [T] index into the KV view's block tables */
-  const int8_t *logits;   /* [T] nonzero: produce logits for this token; NULL: for every token */
+  const int8_t *logits;   /* [T] nonzero: produce logits for this token (KVL_LOGITS_TOP: its
+                             summary may do, kvl_model_forward_top); NULL: for every token */
 };
 
 struct kvl_kv_view {
@@ -108,5 +109,17 @@ struct kvl_capture {
  * out of the vocabulary or a negative position. */
 int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch *b,
                       const struct kvl_kv_view *kv, float *logits, const struct kvl_capture *cap);
+
+/* kvl_model_forward for a sampler (the scheduler's): top [rows with logits wanted] tells
+ * per row what it got. A token whose b->logits[t] is KVL_LOGITS_TOP asks for the summary
+ * of its row only (struct kvl_logit_top: the 64 largest logits, the log-partition, the
+ * entropy); where the backend summarises on its device (kvl_logits_top) and the whole
+ * batch's logits are computed there (every token wants them: a decode step), such a row
+ * gets top[r] with top[r].full = 0 and its logits row is left unwritten, so 528 bytes
+ * cross instead of 4 x n_vocab. Every other row is written as by kvl_model_forward, with
+ * top[r].full = 1 (always so on the CPU backend). */
+#define KVL_LOGITS_TOP 2
+int kvl_model_forward_top(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch *b,
+                          const struct kvl_kv_view *kv, float *logits, struct kvl_logit_top *top);
 
 #endif /* KVL_MODEL_H */

@@ -43,7 +43,8 @@
  *                            means greedy: the argmax of the penalised logits (lowest id on
  *                            ties) and no truncation or randomness (the argmax survives
  *                            every filter below anyway)
- *   5. top-k                 keep the k largest (0 or k >= n_vocab: off)
+ *   5. top-k                 keep the k largest (0 or k >= n_vocab: off), sorted
+ *                            (descending, lower id first on ties)
  *   6. top-p                 keep the smallest most-likely prefix whose mass, renormalised
  *                            after top-k, reaches top_p (the token that crosses top_p is
  *                            kept; 1: off)
@@ -166,6 +167,19 @@ int kvl_sampler_accept(kvl_sampler_t *s, int32_t token);
  * token, or KVL_ERANGE when no token has a finite processed logit (all banned). Never
  * allocates. */
 int32_t kvl_sampler_sample(kvl_sampler_t *s, const float *logits, struct kvl_sample_info *info);
+
+/* Sampling from a summary of the row (struct kvl_logit_top, kvl_kernels.h: its 64
+ * largest logits, log-partition and entropy), which a device backend can send instead of
+ * the row (kvl_model_forward_top). kvl_sampler_top_enough says whether this sampler's
+ * choice depends on nothing else: greedy, or top-k with k <= KVL_LOGIT_TOP (and below
+ * n_vocab), each without a bias or a penalty (top-p, min-p and log-probs are fine). It
+ * depends on the params only, so a caller decides before it computes the logits. Then
+ * kvl_sampler_sample_top gives the token kvl_sampler_sample gives on the full row, with
+ * the same RNG draw (barring ties at the top-k cut), and the same info, its log-probs up
+ * to the rounding of the summary's log-partition (summed in another order). */
+struct kvl_logit_top;
+bool kvl_sampler_top_enough(const kvl_sampler_t *s);
+int32_t kvl_sampler_sample_top(kvl_sampler_t *s, const struct kvl_logit_top *t, struct kvl_sample_info *info);
 
 /* The distribution kvl_sampler_sample would draw from for these logits, after every
  * step above: probs [n_vocab] (caller's storage) gets the renormalised probability of

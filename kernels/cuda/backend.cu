@@ -649,6 +649,31 @@ static void cu_add(kvl_backend_t *be, float *h, const float *x, int64_t n) {
   pthread_mutex_unlock(&S_.mu);
 }
 
+/* the summaries of the rows, and the rows asked for copied in order on the device: in a
+ * decode step's bracket only these reach the host at its end */
+static void cu_logits_top(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
+                          struct kvl_logit_top *top, float *rows) {
+  (void)be;
+  pthread_mutex_lock(&S_.mu);
+  const size_t row_bytes = (size_t)n_vocab * sizeof(float);
+  int n_full = 0;
+  for (int r = 0; full && r < n_rows; r++) n_full += full[r] != 0;
+  struct dbuf b[3] = {d_in(logits, (size_t)n_rows * row_bytes), d_out(top, (size_t)n_rows * sizeof(*top), false),
+                      {NULL, false}};
+  kvl__cu_logits_top((const float *)b[0].d, n_rows, n_vocab, (struct kvl_logit_top *)b[1].d, S_.st);
+  if (n_full > 0) {
+    b[2] = d_out(rows, (size_t)n_full * row_bytes, false);
+    for (int r = 0, j = 0; r < n_rows; r++)
+      if (full[r])
+        KVL_CK(cudaMemcpyAsync(b[2].d + (size_t)j++ * row_bytes, b[0].d + (size_t)r * row_bytes, row_bytes,
+                               cudaMemcpyDeviceToDevice, S_.st));
+    d_result(b[2], rows, (size_t)n_full * row_bytes);
+  }
+  d_result(b[1], top, (size_t)n_rows * sizeof(*top));
+  d_done(b, 3);
+  pthread_mutex_unlock(&S_.mu);
+}
+
 /* rows of the device bf16 table (the tied output head shares it): bf16 values */
 static void cu_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_t *ids, float *y, int n_tokens) {
   if (n_tokens <= 0) return;
@@ -1226,7 +1251,8 @@ out:
 
 static const struct kvl_backend_ops cuda_ops = {cu_supports, cu_matmul,    cu_rmsnorm,   cu_rope, cu_swiglu,
                                                 cu_embed,    cu_attention, cu_translate, cu_add,  cu_begin,
-                                                cu_fetch,    cu_end,       cu_traffic,   cu_kv_put};
+                                                cu_fetch,    cu_end,       cu_traffic,   cu_kv_put,
+                                                cu_logits_top};
 
 static kvl_backend_t be_cuda;
 static pthread_once_t once = PTHREAD_ONCE_INIT;

@@ -91,6 +91,9 @@ void kvl__cu_kv_store_rows(const float *y, void *blocks, const kvl__cu_kv_geom *
                            const int32_t *slot, const int32_t *pos, const float *inv_freq, int slab, int n,
                            cudaStream_t st);
 
+/* The summaries of logits [n_rows][n_vocab] (kvl_logits_top_ref's, `full` untouched) */
+void kvl__cu_logits_top(const float *logits, int n_rows, int n_vocab, kvl_logit_top *top, cudaStream_t st);
+
 KVL_CU_END
 
 #endif

@@ -3,6 +3,7 @@
  * cuBLASLt's (backend.cu). Each kernel follows the scalar reference in kernels/ref/ (the
  * same formula; accumulation in fp32, or double where the reference's accuracy needs it),
  * and tests/gpu/test-cuda-ops.c checks it against the CPU. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -497,6 +498,122 @@ void kvl__cu_kv_store_rows(const float *y, void *blocks, const kvl__cu_kv_geom *
     KVL_LAUNCH(k_kv_store_rows<__nv_bfloat16>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, slab);
   else
     KVL_LAUNCH(k_kv_store_rows<float>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, slab);
+}
+
+/* ---- logits summarised for sampling (kvl_logits_top; kvl_logits_top_ref's contract) ---
+ *
+ * One block per row. Pass 1: the max of the cleaned logits (NaN -> -inf, +inf -> FLT_MAX);
+ * pass 2: sum e^(l - max) and sum e^(l - max)(l - max) in double, for the log-partition and
+ * the entropy. Then the k-th largest entry (k = min(KVL_LOGIT_TOP, n)) by a radix select
+ * on an order-preserving key of the float, 8 bits a round from the top (4 passes of
+ * 256-bin histograms in shared memory): `need` counts how many entries equal to the key
+ * found are still to take. The entries above it land in shared slots in any order; of
+ * those equal to it, all when that is exactly `need` (the usual case), else the lowest
+ * ids, one thread walking the row in order. Last, each of the k candidates finds its rank
+ * in (value descending, id ascending) by comparing with the others, and writes itself
+ * there. */
+__device__ inline float clean_logit(float x) {
+  if (x != x) return -INFINITY;
+  return x > FLT_MAX ? FLT_MAX : x;
+}
+
+/* ascending with the float (-inf lowest); -0 and +0 one key */
+__device__ inline uint32_t logit_key(float v) {
+  if (v == 0.0f) v = 0.0f;
+  uint32_t b;
+  memcpy(&b, &v, sizeof(b));
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ float block_max(float v) {
+  __shared__ float part[32];
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  __shared__ float total;
+  if (threadIdx.x == 0) {
+    float m = part[0];
+    for (int w = 1; w < (int)(blockDim.x / 32); w++) m = fmaxf(m, part[w]);
+    total = m;
+  }
+  __syncthreads();
+  return total;
+}
+
+__global__ void k_logits_top(const float *logits, int n, kvl_logit_top *top) {
+  const float *x = logits + (int64_t)blockIdx.x * n;
+  kvl_logit_top *o = top + blockIdx.x;
+  const int k = n < KVL_LOGIT_TOP ? n : KVL_LOGIT_TOP, tid = threadIdx.x;
+  float mx = -INFINITY;
+  for (int i = tid; i < n; i += blockDim.x) mx = fmaxf(mx, clean_logit(x[i]));
+  mx = block_max(mx);
+  double z = 0, ez = 0;
+  if (mx > -INFINITY)
+    for (int i = tid; i < n; i += blockDim.x) {
+      const double d = (double)clean_logit(x[i]) - mx;
+      if (d == -INFINITY) continue;
+      const double e = exp(d);
+      z += e, ez += e * d;
+    }
+  z = block_sum(z);
+  ez = block_sum(ez);
+
+  __shared__ uint32_t hist[256];
+  __shared__ uint32_t prefix, pmask, need, n_eq;
+  if (tid == 0) prefix = 0, pmask = 0, need = (uint32_t)k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int d = tid; d < 256; d += blockDim.x) hist[d] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += blockDim.x) {
+      const uint32_t key = logit_key(clean_logit(x[i]));
+      if ((key & pmask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      uint32_t d = 255;
+      while (hist[d] < need) need -= hist[d--];
+      prefix |= d << shift, pmask |= 255u << shift, n_eq = hist[d];
+    }
+    __syncthreads();
+  }
+
+  __shared__ float cv[KVL_LOGIT_TOP];
+  __shared__ int32_t cid[KVL_LOGIT_TOP];
+  __shared__ uint32_t n_above, n_tied;
+  if (tid == 0) n_above = 0, n_tied = 0;
+  __syncthreads();
+  const uint32_t first_tied = (uint32_t)k - need; /* the slots of the tied entries */
+  for (int i = tid; i < n; i += blockDim.x) {
+    const float v = clean_logit(x[i]);
+    const uint32_t key = logit_key(v);
+    uint32_t s = KVL_LOGIT_TOP;
+    if (key > prefix) s = atomicAdd(&n_above, 1u);
+    else if (key == prefix && n_eq == need) s = first_tied + atomicAdd(&n_tied, 1u);
+    if (s < (uint32_t)KVL_LOGIT_TOP) cv[s] = v, cid[s] = i;
+  }
+  if (tid == 0 && n_eq != need)
+    for (int i = 0, s = (int)first_tied; i < n && s < k; i++) {
+      const float v = clean_logit(x[i]);
+      if (logit_key(v) == prefix) cv[s] = v, cid[s++] = i;
+    }
+  __syncthreads();
+  if (tid < k) {
+    const float v = cv[tid];
+    const int32_t id = cid[tid];
+    int r = 0;
+    for (int j = 0; j < k; j++) r += cv[j] > v || (cv[j] == v && cid[j] < id);
+    o->val[r] = v, o->id[r] = id;
+  }
+  if (tid == 0) {
+    o->n = k;
+    o->lse = mx > -INFINITY ? (float)(mx + log(z)) : -INFINITY;
+    o->entropy = mx > -INFINITY ? (float)(log(z) - ez / z) : 0.0f;
+  }
+}
+
+void kvl__cu_logits_top(const float *logits, int n_rows, int n_vocab, kvl_logit_top *top, cudaStream_t st) {
+  if (n_rows > 0 && n_vocab > 0) KVL_LAUNCH(k_logits_top, n_rows, 256, st, logits, n_vocab, top);
 }
 
 KVL_CU_END

@@ -53,7 +53,7 @@ static inline float4 make_float4(float x, float y, float z, float w) { return fl
 struct kvl_sim_stream;
 typedef kvl_sim_stream *cudaStream_t;
 enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidDevice = 101 };
-enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
 enum { cudaStreamNonBlocking = 1 };
 struct cudaDeviceProp {
   char name[256];
@@ -178,6 +178,15 @@ T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
   (void)mask;
   const int l = kvl_sim::lane();
   return kvl_sim::shfl(v, (l & (width - 1)) + (int)d < width ? l + (int)d : l);
+}
+
+/* the block's threads are fibers on one OS thread, switched only at barriers: a plain
+ * read-modify-write is atomic here */
+template <typename T>
+T atomicAdd(T *p, T v) {
+  T old = *p;
+  *p = old + v;
+  return old;
 }
 
 #define KVL_LAUNCH(k, grid, block, st, ...) ((void)(st), kvl_sim::launch(k, dim3(grid), dim3(block), __VA_ARGS__))

@@ -269,6 +269,33 @@ struct kvl_backend_traffic {
 };
 bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t);
 
+/* A row of logits summarised for sampling, so that a decode step's logits can stay on a
+ * device and only this crosses (528 bytes instead of 4 x n_vocab): the row's
+ * KVL_LOGIT_TOP largest entries, its log-partition and its entropy. The entries are
+ * taken as the sampler takes logits: NaN as -inf, +inf as FLT_MAX; val holds them so
+ * cleaned (-0 kept), the order is descending with the lower id first on ties (-0 and +0
+ * tie), and of tied entries at the cut the lower ids are kept. lse and entropy sum in
+ * double over the whole row; a row without a finite entry has lse -inf, entropy 0. */
+#define KVL_LOGIT_TOP 64
+struct kvl_logit_top {
+  float lse;     /* log sum_i exp(l_i): l_i - lse is log_softmax(l)_i */
+  float entropy; /* -sum_i p_i log p_i of softmax(l), nats */
+  int32_t n;     /* entries in val/id: min(KVL_LOGIT_TOP, n_vocab) */
+  int32_t full;  /* kvl_model_forward_top: nonzero when the row itself was written instead */
+  float val[KVL_LOGIT_TOP];
+  int32_t id[KVL_LOGIT_TOP];
+};
+/* The summary of one row of n_vocab logits, on the host (the reference). */
+void kvl_logits_top_ref(const float *row, int n_vocab, struct kvl_logit_top *out);
+/* The summaries of logits [n_rows][n_vocab] into top[n_rows] (their `full` untouched), and
+ * the rows with full[r] nonzero (full NULL: none) copied, in order, to rows
+ * [n_full][n_vocab], on a backend with a device, where within a begin/end bracket logits
+ * may be the output head's result still there and top and rows are outputs as any op's.
+ * Returns false, doing nothing, on a backend without the op (the CPU's: its logits are on
+ * the host already, and kvl_logits_top_ref summarises a row there). */
+bool kvl_logits_top(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
+                    struct kvl_logit_top *top, float *rows);
+
 /* Translation on a backend's own device (DESIGN.md "Translation"): what translator/ hands a
  * backend that has the op. Every target layer's K and V rows of the span are
  *   y = sum_j unrotate(src K or V row of layer sources[j]) . w_j (+ bias),

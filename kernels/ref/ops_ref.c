@@ -1,5 +1,6 @@
 /* ops_ref.c — scalar references of every forward-pass op: the slow truth the backends
  * are tested against. Plain loops, double accumulation, no threads, no SIMD. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,4 +102,39 @@ void kvl_attention_ref(const struct kvl_attn_args *a) {
   free(k);
   free(v);
   free(sc);
+}
+
+/* NaN -> -inf, +inf -> FLT_MAX (the sampler's rule) */
+static inline float clean_logit(float x) {
+  if (x != x) return -INFINITY;
+  return x > FLT_MAX ? FLT_MAX : x;
+}
+
+void kvl_logits_top_ref(const float *row, int n_vocab, struct kvl_logit_top *out) {
+  const int N = n_vocab < KVL_LOGIT_TOP ? n_vocab : KVL_LOGIT_TOP;
+  float mx = -INFINITY;
+  int nt = 0;
+  for (int i = 0; i < n_vocab; i++) { /* the max, and the N largest by insertion (lower ids first on ties) */
+    const float v = clean_logit(row[i]);
+    mx = v > mx ? v : mx;
+    if (nt == N && !(v > out->val[N - 1])) continue;
+    int j = nt < N ? nt++ : N - 1;
+    while (j > 0 && out->val[j - 1] < v) {
+      out->val[j] = out->val[j - 1], out->id[j] = out->id[j - 1];
+      j--;
+    }
+    out->val[j] = v, out->id[j] = i;
+  }
+  out->n = N;
+  out->lse = -INFINITY, out->entropy = 0;
+  if (mx == -INFINITY) return;
+  double z = 0, ez = 0;
+  for (int i = 0; i < n_vocab; i++) {
+    const double d = (double)clean_logit(row[i]) - mx;
+    if (d == -INFINITY) continue;
+    const double e = exp(d);
+    z += e, ez += e * d;
+  }
+  out->lse = (float)(mx + log(z));
+  out->entropy = (float)(log(z) - ez / z);
 }

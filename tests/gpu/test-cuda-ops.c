@@ -542,6 +542,117 @@ static void test_pool(void) {
   free(buf);
 }
 
+/* ---- logits summarised on the device (kvl_logits_top, kvl_model_forward_top) ----------
+ * The op against kvl_logits_top_ref (the same entries, bit for bit, in the same order;
+ * lse and entropy summed in another order): rows of a real vocabulary's width, random,
+ * on a coarse grid (ties at the cut: the lower ids), with NaN, infinities and signed
+ * zeros, with nothing finite, and a vocabulary narrower than the summary; the rows asked
+ * for whole copied in order. Then a decode step of three sequences where two ask for the
+ * summary: those two rows do not cross (bytes out), the third is the whole-row step's, and
+ * the summaries are the reference's of the whole-row step's logits. */
+static bool top_same(const struct kvl_logit_top *a, const struct kvl_logit_top *b, double *lse_gap) {
+  bool ok = a->n == b->n && memcmp(a->id, b->id, (size_t)a->n * 4) == 0 && memcmp(a->val, b->val, (size_t)a->n * 4) == 0;
+  const double g = a->lse == b->lse ? 0 : fabs((double)a->lse - b->lse);
+  *lse_gap = fmax(*lse_gap, fmax(g, fabs((double)a->entropy - b->entropy)));
+  return ok && g <= 1e-5 * fmax(1, fabs(a->lse)) && fabs((double)a->entropy - b->entropy) <= 1e-5;
+}
+
+static void test_logits_top(void) {
+  const int V = 151936, R = 4;
+  float *lg = malloc((size_t)R * V * 4), *rows = malloc((size_t)R * V * 4);
+  struct kvl_logit_top top[4], ref;
+  unsigned long long r = 5;
+  for (int i = 0; i < V; i++) {
+    lg[i] = 3.0f * kvl_test_randf(&r) + (i % 1013 == 0 ? 5.0f : 0.0f);
+    lg[V + i] = (float)(int)(4.0f * kvl_test_randf(&r));
+    lg[2 * (size_t)V + i] = kvl_test_randf(&r);
+    lg[3 * (size_t)V + i] = i % 2 ? -INFINITY : NAN;
+  }
+  lg[2 * (size_t)V + 7] = NAN, lg[2 * (size_t)V + 8] = INFINITY, lg[2 * (size_t)V + 9] = INFINITY;
+  lg[2 * (size_t)V + 10] = -0.0f, lg[2 * (size_t)V + 11] = -INFINITY;
+  const int8_t full[4] = {0, 1, 0, 1};
+  static const char *what[4] = {"152k random", "152k on a grid (ties at the cut)", "NaN, +inf twice, -0",
+                                "nothing finite"};
+  CHECK(kvl_logits_top(cu, lg, R, V, full, top, rows));
+  double gap = 0;
+  for (int i = 0; i < R; i++) {
+    kvl_logits_top_ref(lg + (size_t)i * V, V, &ref);
+    const bool ok = top_same(&top[i], &ref, &gap);
+    printf("%s logits_top %-40s %d entries, ids and values %s, |d lse|, |d entropy| %.1e\n", ok ? "ok  " : "FAIL",
+           what[i], top[i].n, ok ? "equal" : "differ", gap);
+    if (!ok) n_bad++;
+    CHECK(ok);
+  }
+  const bool copied = !memcmp(rows, lg + V, (size_t)V * 4) && !memcmp(rows + V, lg + 3 * (size_t)V, (size_t)V * 4);
+  printf("%s logits_top %-40s\n", copied ? "ok  " : "FAIL", "rows 1 and 3 copied whole, in order");
+  if (!copied) n_bad++;
+  CHECK(copied);
+  CHECK(kvl_logits_top(cu, lg + 2 * (size_t)V, 1, 40, NULL, top, NULL)); /* 40 entries of row 2 */
+  kvl_logits_top_ref(lg + 2 * (size_t)V, 40, &ref);
+  const bool narrow = top_same(&top[0], &ref, &gap);
+  printf("%s logits_top %-40s %d entries\n", narrow ? "ok  " : "FAIL", "a vocabulary of 40", top[0].n);
+  if (!narrow) n_bad++;
+  CHECK(narrow);
+  CHECK(!kvl_logits_top(kvl_backend_cpu(), lg, 1, V, NULL, top, NULL)); /* the CPU has no such op */
+  free(lg), free(rows);
+
+  /* a decode step of three sequences, rows 0 and 2 asking for the summary */
+  struct tiny_opts o = {.n_layer = 2, .seed = 23};
+  void *buf;
+  kvl_model_t *m = tiny_model_load(&o, &buf);
+  const int NV = kvl_model_hparams(m)->n_vocab;
+  struct kvl_kv_layout kl = kvl_model_kv_layout(m, KVL_KV_BF16);
+  struct kvl_pool_config pc = {.layout = kl, .hot_bytes = 8 * kvl_kv_block_bytes(&kl)};
+  kvl_pool_t *p;
+  CHECK_EQ_INT(kvl_pool_new(&pc, &p), 0);
+  kvl_line_t *ln[3];
+  int32_t ids[3][12];
+  float *l3[2] = {malloc((size_t)3 * NV * 4), malloc((size_t)3 * NV * 4)};
+  for (int q = 0; q < 3; q++) {
+    for (int i = 0; i < 12; i++) ids[q][i] = (int32_t)(kvl_test_rand(&r) % (unsigned long long)NV);
+    ln[q] = kvl_line_new(p);
+    pool_step(cu, m, ln[q], ids[q], 11, l3[0]);
+    CHECK_EQ_INT(kvl_line_append(ln[q], &ids[q][11], 1, KVL_WRITER_NATIVE), 0);
+  }
+  const int32_t tok[3] = {ids[0][11], ids[1][11], ids[2][11]}, pos[3] = {11, 11, 11}, seq[3] = {0, 1, 2};
+  const int32_t *tabs[3] = {kvl_line_block_table(ln[0]), kvl_line_block_table(ln[1]), kvl_line_block_table(ln[2])};
+  struct kvl_kv_view kv = {kvl_pool_layout(p), kvl_pool_base(p), tabs, kvl_pool_stamps(p), kvl_pool_hot_blocks(p)};
+  const int8_t want[2][3] = {{1, 1, 1}, {KVL_LOGITS_TOP, 1, KVL_LOGITS_TOP}};
+  struct kvl_logit_top t3[2][3];
+  unsigned long long out[2];
+  for (int c = 0; c < 2; c++) { /* the same step twice: it rewrites the same rows */
+    struct kvl_batch b = {3, tok, pos, seq, want[c]};
+    struct kvl_backend_traffic t0, t1;
+    kvl_backend_traffic(cu, &t0);
+    CHECK_EQ_INT(kvl_model_forward_top(m, cu, &b, &kv, l3[c], t3[c]), 0);
+    kvl_backend_traffic(cu, &t1);
+    out[c] = t1.bytes_out - t0.bytes_out;
+  }
+  bool ok = t3[0][0].full && t3[0][1].full && t3[0][2].full && !t3[1][0].full && t3[1][1].full && !t3[1][2].full;
+  ok &= !memcmp(l3[0] + NV, l3[1] + NV, (size_t)NV * 4);
+  gap = 0;
+  for (int q = 0; q < 3; q += 2) {
+    kvl_logits_top_ref(l3[0] + (size_t)q * NV, NV, &ref);
+    ok &= top_same(&t3[1][q], &ref, &gap);
+  }
+  /* exactly: two rows fewer, three summaries more (the K/V rows for the host pool as before) */
+  const bool less = out[1] + 2 * (unsigned long long)NV * 4 == out[0] + 3 * sizeof(ref);
+  printf("%s logits_top %-40s %.1f kB out (whole rows: %.1f kB), summaries %s\n", ok && less ? "ok  " : "FAIL",
+         "decode step, 2 of 3 rows summarised", (double)out[1] / 1e3, (double)out[0] / 1e3, ok ? "equal" : "differ");
+  if (!ok || !less) n_bad++;
+  CHECK(ok);
+  CHECK(less);
+  /* on the CPU every row comes whole */
+  struct kvl_batch b = {3, tok, pos, seq, want[1]};
+  CHECK_EQ_INT(kvl_model_forward_top(m, kvl_backend_cpu(), &b, &kv, l3[1], t3[1]), 0);
+  CHECK(t3[1][0].full && t3[1][1].full && t3[1][2].full);
+  for (int q = 0; q < 3; q++) kvl_line_free(ln[q]);
+  kvl_pool_free(p);
+  free(l3[0]), free(l3[1]);
+  kvl_model_free(m);
+  free(buf);
+}
+
 /* A 64-token prompt through the whole model on the CPU and on the GPU: the last
  * position's log-probabilities. */
 static void test_model(const char *path) {
@@ -625,6 +736,7 @@ int main(int argc, char **argv) {
   RUN(test_translate);
   RUN(test_switch);
   RUN(test_pool);
+  RUN(test_logits_top);
   if (model) {
     int before = kvl_test_failed;
     test_model(model);

@@ -4,12 +4,14 @@
  * truncated, renormalised distribution computed here independently; penalties and logit
  * bias give exactly the documented logits; log-probs are the raw model's; bad parameters
  * are refused by name. Ends with a 151936-token timing print (not asserted). */
+#include <float.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
 #include "../kvl_test.h"
 #include "kvl_error.h"
+#include "kvl_kernels.h"
 #include "kvl_sampler.h"
 
 /* ---- helpers --------------------------------------------------------------------- */
@@ -422,6 +424,114 @@ static void test_truncation_large_vocab(void) {
   }
 }
 
+/* ---- sampling from a row's summary (kvl_logits_top_ref, kvl_sampler_sample_top) -- */
+
+struct vid {
+  float v;
+  int32_t id;
+};
+
+static int vid_desc(const void *a, const void *b) {
+  const struct vid *x = a, *y = b;
+  if (x->v != y->v) return x->v < y->v ? 1 : -1;
+  return (x->id > y->id) - (x->id < y->id);
+}
+
+/* the summary against a full sort of the cleaned row, and lse / entropy in long double */
+static void check_summary(const float *row, int V, const char *what) {
+  struct kvl_logit_top t;
+  kvl_logits_top_ref(row, V, &t);
+  struct vid *all = malloc((size_t)V * sizeof(*all));
+  long double mx = -INFINITY;
+  for (int i = 0; i < V; i++) {
+    float v = row[i] != row[i] ? -INFINITY : row[i] > FLT_MAX ? FLT_MAX : row[i];
+    all[i] = (struct vid){v, i};
+    mx = v > mx ? v : mx;
+  }
+  qsort(all, (size_t)V, sizeof(*all), vid_desc);
+  const int n = V < KVL_LOGIT_TOP ? V : KVL_LOGIT_TOP;
+  int bad = t.n != n;
+  for (int i = 0; i < n && !bad; i++) bad = t.id[i] != all[i].id || memcmp(&t.val[i], &all[i].v, 4) != 0;
+  long double z = 0, ez = 0;
+  for (int i = 0; i < V && mx > -INFINITY; i++)
+    if (all[i].v > -INFINITY) {
+      long double d = (long double)all[i].v - mx, e = expl(d);
+      z += e, ez += e * d;
+    }
+  const double lse = mx > -INFINITY ? (double)(mx + logl(z)) : -INFINITY;
+  const double h = mx > -INFINITY ? (double)(logl(z) - ez / z) : 0;
+  bad |= !(lse == t.lse || fabs(lse - t.lse) <= 1e-6 * fmax(1, fabs(lse))) || !(fabs(h - t.entropy) <= 1e-5);
+  if (bad) fprintf(stderr, "summary %s: n %d, lse %g / %g, entropy %g / %g\n", what, t.n, t.lse, lse, t.entropy, h);
+  CHECK(!bad);
+  free(all);
+}
+
+static void test_summary(void) {
+  enum { V = 151936 };
+  static float lg[V];
+  unsigned long long r = 77;
+  for (int i = 0; i < V; i++) lg[i] = 3.0f * kvl_test_randf(&r) + (i % 1013 == 0 ? 5.0f : 0.0f);
+  check_summary(lg, V, "152k random");
+  /* ties at the cut (a coarse grid: the lower ids kept), NaN, +-inf, -0 and +0 */
+  for (int i = 0; i < 1000; i++) lg[i] = (float)(int)(4.0f * kvl_test_randf(&r));
+  lg[5] = NAN, lg[9] = INFINITY, lg[11] = -INFINITY, lg[12] = -0.0f, lg[13] = 0.0f, lg[700] = INFINITY;
+  check_summary(lg, 1000, "1000 on a grid, NaN and infinities");
+  check_summary(lg, 40, "40 entries (fewer than 64)");
+  for (int i = 0; i < 100; i++) lg[i] = i % 2 ? -INFINITY : NAN;
+  check_summary(lg, 100, "nothing finite");
+
+  /* which samplers a summary is enough for: fixed by the params */
+  struct { float T; int k; float rep; int n_bias; bool enough; } ce[] = {
+      {0.0f, 0, 1.0f, 0, true},   {0.7f, 40, 1.0f, 0, true},  {1.0f, 64, 1.0f, 0, true},
+      {1.0f, 65, 1.0f, 0, false}, {1.0f, 0, 1.0f, 0, false},  {0.0f, 0, 1.1f, 0, false},
+      {0.7f, 40, 1.0f, 1, false},
+  };
+  struct kvl_logit_bias b1 = {3, 1.0f};
+  for (size_t i = 0; i < sizeof(ce) / sizeof(ce[0]); i++) {
+    struct kvl_sampler_params p = seeded(1);
+    p.temperature = ce[i].T, p.top_k = ce[i].k, p.repetition_penalty = ce[i].rep;
+    p.bias = &b1, p.n_bias = ce[i].n_bias;
+    kvl_sampler_t *s = mk(&p, V, 0);
+    CHECK(kvl_sampler_top_enough(s) == ce[i].enough);
+    kvl_sampler_free(s);
+  }
+
+  /* where it is enough: the same tokens, RNG draws and info as from the full rows */
+  struct { float T; int k; float top_p, min_p; int top_lp; } cs[] = {
+      {0.0f, 0, 1.0f, 0.0f, 0},   {0.0f, 0, 1.0f, 0.0f, 5},   {0.7f, 40, 1.0f, 0.0f, 0},
+      {1.0f, 64, 0.9f, 0.0f, 3},  {1.3f, 20, 1.0f, 0.05f, 20}, {1.0f, 1, 1.0f, 0.0f, 1},
+      {2.0f, 50, 0.5f, 0.1f, 0},
+  };
+  struct kvl_logit_top t;
+  for (size_t ci = 0; ci < sizeof(cs) / sizeof(cs[0]); ci++) {
+    struct kvl_sampler_params p = seeded(5 + ci);
+    p.temperature = cs[ci].T, p.top_k = cs[ci].k, p.top_p = cs[ci].top_p, p.min_p = cs[ci].min_p;
+    p.logprobs = true, p.top_logprobs = cs[ci].top_lp;
+    kvl_sampler_t *sf = mk(&p, V, 0), *st = mk(&p, V, 0);
+    CHECK(kvl_sampler_top_enough(st));
+    int same = 0, steps = 40;
+    double worst_lp = 0;
+    for (int step = 0; step < steps; step++) {
+      for (int i = 0; i < V; i++) lg[i] = 2.0f * kvl_test_randf(&r) + (i % 4099 == step ? 6.0f : 0.0f);
+      kvl_logits_top_ref(lg, V, &t);
+      struct kvl_sample_info a, b;
+      int32_t ta = kvl_sampler_sample(sf, lg, &a), tb = kvl_sampler_sample_top(st, &t, &b);
+      bool ok = ta == tb && a.rank == b.rank && a.n_top == b.n_top;
+      worst_lp = fmax(worst_lp, fabs(a.logprob - b.logprob));
+      for (int j = 0; j < a.n_top && ok; j++) {
+        ok = a.top[j].token == b.top[j].token;
+        worst_lp = fmax(worst_lp, fabs(a.top[j].logprob - b.top[j].logprob));
+      }
+      same += ok;
+    }
+    if (same != steps || worst_lp > 1e-5)
+      fprintf(stderr, "summary case %zu: %d of %d steps agree, max |d logprob| %g\n", ci, same, steps, worst_lp);
+    CHECK_EQ_INT(same, steps);
+    CHECK(worst_lp <= 1e-5);
+    kvl_sampler_free(sf), kvl_sampler_free(st);
+  }
+}
+
 /* ---- penalties and bias, exactly ------------------------------------------------- */
 
 static const float pen_logits[6] = {2.0f, -1.0f, 0.5f, 1.0f, -0.5f, 0.0f};
@@ -722,6 +832,7 @@ int main(void) {
   RUN(test_n_substreams);
   RUN(test_chi2_distributions);
   RUN(test_truncation_large_vocab);
+  RUN(test_summary);
   RUN(test_repetition_penalty);
   RUN(test_presence_frequency);
   RUN(test_bias_and_order);
