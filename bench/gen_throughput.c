@@ -26,6 +26,7 @@ struct stream {
   double t_submit, t_first, t_last;
   double *itl;   /* inter-token gaps, ms */
   int n_itl, n_tok;
+  uint64_t digest; /* FNV-1a over the tokens generated, in order */
 };
 
 struct run {
@@ -44,6 +45,7 @@ static void on_token(void *ud, uint64_t id, const struct kvl_token_event *ev) {
     else s->itl[s->n_itl++] = t - s->t_last;
     s->t_last = t;
     s->n_tok++;
+    for (int b = 0; b < 4; b++) s->digest = (s->digest ^ (((uint32_t)ev->token >> (8 * b)) & 0xffu)) * 0x100000001b3ull;
   }
   if (ev->final) {
     r->cached += ev->usage.cached_native + ev->usage.cached_translated;
@@ -137,6 +139,7 @@ int main(int argc, char **argv) {
       int mid;
       if (kvl_sched_add_model(s, &sm, &mid, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
       struct run run = {calloc((size_t)N, sizeof(struct stream)), N, 0, 0, 0};
+      for (int i = 0; i < N; i++) run.s[i].digest = 0xcbf29ce484222325ull;
       unsigned long long seed = 12345;
       /* ids 1000..19999 (a tiny test model's vocabulary: all of it) */
       const int32_t lo = hp->n_vocab >= 20000 ? 1000 : 0, span = hp->n_vocab >= 20000 ? 19000 : hp->n_vocab;
@@ -185,6 +188,11 @@ int main(int argc, char **argv) {
       json_object_set_new(res, "itl_p99_ms", json_real(pct(itl, n_itl, 99)));
       json_object_set_new(res, "prompt_tokens", json_integer(total_prompt));
       json_object_set_new(res, "generated_tokens", json_integer(gen));
+      uint64_t dg = 0xcbf29ce484222325ull; /* the streams' digests in submission order */
+      for (int i = 0; i < N; i++) dg = (dg ^ run.s[i].digest) * 0x100000001b3ull;
+      char dgs[24];
+      snprintf(dgs, sizeof(dgs), "%016llx", (unsigned long long)dg);
+      json_object_set_new(res, "tokens_digest", json_string(dgs)); /* the same tokens, the same digest */
       json_object_set_new(res, "prefix_share", json_boolean(share));
       json_object_set_new(res, "prefix_hit_rate", json_real(run.prompt ? (double)run.cached / (double)run.prompt : 0));
       json_object_set_new(res, "kv", json_string(kvdt == KVL_KV_BF16 ? "bf16" : "f32"));

@@ -9,7 +9,10 @@
  *          with logits; tokens/s = N / time of the N steps. With --tg-depth D
  *          (tg<N>@d<D>) the prompt is D tokens: decode at the end of a long history, whose
  *          KV each step reads (on a device backend: from its copy of the pool, or staged
- *          per layer with KVL_CUDA_KV_KEEP=0). With --bw, roofline_pct =
+ *          per layer with KVL_CUDA_KV_KEEP=0). Each step asks for its row's summary
+ *          (KVL_LOGITS_TOP: what the scheduler's greedy and top-k samplers take; on a
+ *          device backend the row stays there), or, with --full-logits, for the row.
+ *          With --bw, roofline_pct =
  *          weight bytes read per token x tokens/s / bandwidth: how close decode runs to
  *          the memory-bound limit (KV reads, small at these lengths, are not counted).
  *
@@ -67,6 +70,7 @@ struct bench_opts {
   int depth;                      /* positions already in the cache before pp<N> (-d) */
   int tg_depth;                   /* the prompt before tg<N> (--tg-depth; 0: TG_PROMPT) */
   int tg;                         /* decode steps N of tg<N>; 0 skips tg */
+  bool full_logits;               /* --full-logits: each decode step's whole row to the host */
   int runs;                       /* timed runs per figure */
   enum kvl_kv_dtype kv;           /* KV cache storage */
   double bw_gbps;                 /* memory bandwidth for roofline_pct; 0 = not given */
@@ -292,9 +296,10 @@ static int bench_model(const char *path, const char *name, const struct bench_op
       double ts = kvl_bench_now();
       for (int i = 0; i < o->tg; i++) {
         pos[0] = tg_prompt + i;
-        want[0] = 1;
+        want[0] = o->full_logits ? 1 : KVL_LOGITS_TOP;
         struct kvl_batch d = {1, ids + tg_prompt + i, pos, seq, want};
-        if ((rc = kvl_model_forward(m, be, &d, &kv, logits, NULL)) < 0) {
+        struct kvl_logit_top top;
+        if ((rc = kvl_model_forward_top(m, be, &d, &kv, logits, &top)) < 0) {
           fprintf(stderr, "bench-prefill-decode: %s %s: decode forward: %s\n", name, test, kvl_strerror(rc));
           goto out;
         }
@@ -317,6 +322,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     json_object_set_new(res, "backend", json_string(kvl_backend_name(be)));
     kvl_bench_attn_field(res, be, !strcmp(kvname, "bf16"));
     json_object_set_new(res, "prompt_tokens", json_integer(tg_prompt));
+    json_object_set_new(res, "decode_logits", json_string(o->full_logits ? "full" : "summary"));
     json_object_set_new(res, "weight_mib_per_token", json_real((double)wbytes / (1 << 20)));
     json_object_set_new(res, "repacked_mib", json_real((double)kvl_wpack_total_bytes() / (1 << 20)));
     if (kvl_backend_traffic(be, &tr1)) { /* per decoded token, over every timed step */
@@ -373,6 +379,9 @@ static void usage(FILE *f) {
     "                     (a new turn's prefill after a D-token history; default 0)\n"
     "  -n, --decode N     tg<N>: N decode steps after a %d-token prompt (default 128; 0 = skip)\n"
     "      --tg-depth D   tg<N>@d<D>: the decode steps after a D-token prompt instead\n"
+    "      --full-logits  each decode step brings its whole row of logits to the host (default:\n"
+    "                     its summary, the 64 largest and the log-partition, as the scheduler\n"
+    "                     takes for greedy and top-k sampling; the same work on the CPU)\n"
     "  -r, --runs N       timed runs per figure (default 5)\n"
     "      --kv bf16|f32  KV cache storage (default bf16)\n"
     "      --backend cpu|cuda|cuda-sim  the CPU backend (default), the CUDA one (kernels/cuda/),\n"
@@ -402,13 +411,14 @@ static int parse_int(const char *s, const char *what, int min) {
 }
 
 int main(int argc, char **argv) {
-  enum { O_KV = 1000, O_BW, O_OUT, O_BACKEND, O_PEAK, O_TG_DEPTH };
+  enum { O_KV = 1000, O_BW, O_OUT, O_BACKEND, O_PEAK, O_TG_DEPTH, O_FULL_LOGITS };
   static const struct option lopts[] = {
     {"model", required_argument, 0, 'm'}, {"prefill", required_argument, 0, 'p'},
     {"depth", required_argument, 0, 'd'}, {"decode", required_argument, 0, 'n'}, {"runs", required_argument, 0, 'r'},
     {"kv", required_argument, 0, O_KV}, {"bw", required_argument, 0, O_BW},
     {"out", required_argument, 0, O_OUT}, {"backend", required_argument, 0, O_BACKEND},
     {"peak", required_argument, 0, O_PEAK}, {"tg-depth", required_argument, 0, O_TG_DEPTH},
+    {"full-logits", no_argument, 0, O_FULL_LOGITS},
     {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   struct bench_opts o = {.pp = {512}, .n_pp = 1, .pp_max = 512, .tg = 128, .runs = 5, .kv = KVL_KV_BF16,
                          .peak_gops = -1, .out = "bench/results"};
@@ -436,6 +446,7 @@ int main(int argc, char **argv) {
     case 'd': o.depth = parse_int(optarg, "-d", 0); break;
     case 'n': o.tg = parse_int(optarg, "-n", 0); break;
     case O_TG_DEPTH: o.tg_depth = parse_int(optarg, "--tg-depth", 1); break;
+    case O_FULL_LOGITS: o.full_logits = true; break;
     case 'r': o.runs = parse_int(optarg, "-r", 1); break;
     case O_BACKEND:
       if (kvl_bench_backend_opt("bench-prefill-decode", optarg, &o.cuda)) return 2;

@@ -26,8 +26,8 @@ struct kvl_backend_ops {
   bool (*traffic)(const kvl_backend_t *be, struct kvl_backend_traffic *t);
   /* optional (NULL: kvl_kv_store into the host pool) */
   void (*kv_put)(kvl_backend_t *be, const struct kvl_attn_args *a, const float *k, const float *v);
-  /* optional (NULL: kvl_logits_top answers false) */
-  void (*logits_top)(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
+  /* optional (NULL, or false returned: kvl_logits_top answers false) */
+  bool (*logits_top)(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
                      struct kvl_logit_top *top, float *rows);
 };
 

@@ -114,9 +114,7 @@ bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t)
 
 bool kvl_logits_top(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
                     struct kvl_logit_top *top, float *rows) {
-  if (!be->ops->logits_top) return false;
-  if (n_rows > 0) be->ops->logits_top(be, logits, n_rows, n_vocab, full, top, rows);
-  return true;
+  return be->ops->logits_top && n_rows > 0 && be->ops->logits_top(be, logits, n_rows, n_vocab, full, top, rows);
 }
 
 bool kvl_backend_can_translate(const kvl_backend_t *be) { return be && be->ops->translate; }

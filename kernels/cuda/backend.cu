@@ -650,10 +650,14 @@ static void cu_add(kvl_backend_t *be, float *h, const float *x, int64_t n) {
 }
 
 /* the summaries of the rows, and the rows asked for copied in order on the device: in a
- * decode step's bracket only these reach the host at its end */
-static void cu_logits_top(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
+ * decode step's bracket only these reach the host at its end. KVL_CUDA_LOGITS_TOP=0
+ * declines (every row crosses whole: A/B runs). */
+static bool cu_logits_top(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
                           struct kvl_logit_top *top, float *rows) {
   (void)be;
+  static int on = -1;
+  if (on < 0) on = !getenv("KVL_CUDA_LOGITS_TOP") || strcmp(getenv("KVL_CUDA_LOGITS_TOP"), "0") != 0;
+  if (!on) return false;
   pthread_mutex_lock(&S_.mu);
   const size_t row_bytes = (size_t)n_vocab * sizeof(float);
   int n_full = 0;
@@ -672,6 +676,7 @@ static void cu_logits_top(kvl_backend_t *be, const float *logits, int n_rows, in
   d_result(b[1], top, (size_t)n_rows * sizeof(*top));
   d_done(b, 3);
   pthread_mutex_unlock(&S_.mu);
+  return true;
 }
 
 /* rows of the device bf16 table (the tied output head shares it): bf16 values */

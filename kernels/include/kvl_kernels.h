@@ -292,7 +292,8 @@ void kvl_logits_top_ref(const float *row, int n_vocab, struct kvl_logit_top *out
  * [n_full][n_vocab], on a backend with a device, where within a begin/end bracket logits
  * may be the output head's result still there and top and rows are outputs as any op's.
  * Returns false, doing nothing, on a backend without the op (the CPU's: its logits are on
- * the host already, and kvl_logits_top_ref summarises a row there). */
+ * the host already, and kvl_logits_top_ref summarises a row there), for n_rows 0, or where
+ * the backend declines (CUDA with KVL_CUDA_LOGITS_TOP=0). */
 bool kvl_logits_top(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
                     struct kvl_logit_top *top, float *rows);
 

@@ -35,6 +35,12 @@ def main():
               f"{r.stderr[-600:] if r.returncode else ''}")
         if r.returncode != 0:
             return 1
+        # the same with every row of logits brought to the host whole (KVL_CUDA_LOGITS_TOP=0)
+        out0 = os.path.join(d, "out0")
+        r0 = subprocess.run([exe, "-m", model, "--backend", "cuda-sim", "-c", "4", "-n", "32", "--prefix-share",
+                             "--out", out0], capture_output=True, text=True, env=dict(env, KVL_CUDA_LOGITS_TOP="0"))
+        check(r0.returncode == 0, f"4 streams with KVL_CUDA_LOGITS_TOP=0 (rc {r0.returncode})")
+        whole = json.load(open(os.path.join(out0, "gen-throughput-shared.json")))["results"][0] if r0.returncode == 0 else {}
         rep = json.load(open(os.path.join(out, "gen-throughput-shared.json")))
         rows = {x["concurrency"]: x for x in rep["results"]}
         check(sorted(rows) == [1, 4], f"rows for 1 and 4 streams: {sorted(rows)}")
@@ -45,6 +51,11 @@ def main():
         # (staged, each step would copy every layer's blocks of its context: ~56 KiB per token here)
         kib = rows.get(4, {}).get("device_kib_in_per_token", 1e9)
         check(kib < 20, f"c=4: {kib:.1f} KiB copied in per generated token (less than 20: the pools stay on the device)")
+        # greedy decoding samples from the row's summary: the decode steps' logits stay on the device
+        o_top, o_whole = rows.get(4, {}).get("device_kib_out_per_token", 1e9), whole.get("device_kib_out_per_token", 0)
+        check(o_top < o_whole, f"c=4: {o_top:.2f} KiB out per token with the logits summarised, {o_whole:.2f} whole")
+        check(whole.get("generated_tokens") == 128 and whole.get("tokens_digest", "a") == rows.get(4, {}).get("tokens_digest", "b"),
+              "c=4: the same tokens either way")
         check(rows.get(4, {}).get("prefix_hit_rate", 0) > 0,
               f"c=4: prompts shared the prefix cache (hit rate {rows.get(4, {}).get('prefix_hit_rate')})")
     print(f"{check.failed} failed")

@@ -55,11 +55,15 @@ def main():
         # --tg-depth: decode after a longer prompt (tg<N>@d<D>), on the CPU and on the CUDA backend compiled
         # for the CPU, whose rows carry its copies: with the pool kept on the device a step copies in far
         # less than staging the history per layer would (KVL_CUDA_KV_KEEP=0)
-        kib = {}
-        for backend, keep in (("cpu", "1"), ("cuda-sim", "1"), ("cuda-sim", "0")):
-            outd = os.path.join(d, f"outd-{backend}-{keep}")
+        # less than staging the history per layer would (KVL_CUDA_KV_KEEP=0); and a step's logits stay
+        # there, only their summary crossing, unless --full-logits asks for the row
+        kib, out = {}, {}
+        for backend, keep, full in (("cpu", "1", False), ("cuda-sim", "1", False), ("cuda-sim", "0", False),
+                                    ("cuda-sim", "1", True)):
+            outd = os.path.join(d, f"outd-{backend}-{keep}-{full}")
             r = subprocess.run([exe, "-m", model, "-p", "0", "-n", "2", "--tg-depth", "100", "-r", "1", "--peak", "0",
-                                "--backend", backend, "--out", outd], capture_output=True, text=True,
+                                "--backend", backend, "--out", outd] + (["--full-logits"] if full else []),
+                               capture_output=True, text=True,
                                env=dict(env, KVL_CUDA_KV_KEEP=keep, KVL_CUDA_KV_CHECK="1"))
             rowsd = {x["test"]: x for x in json.load(open(os.path.join(outd, "prefill-decode.json")))["results"]} \
                 if r.returncode == 0 else {}
@@ -67,10 +71,15 @@ def main():
             check(set(rowsd) == {"tg2@d100"} and x.get("prompt_tokens") == 100 and x.get("value", 0) > 0,
                   f"--tg-depth 100 on {backend} (keep {keep}): one row tg2@d100 after 100 tokens ({sorted(rowsd)}) "
                   f"{r.stderr[-300:] if r.returncode else ''}")
-            kib[(backend, keep)] = x.get("device_kib_in_per_token")
+            check(x.get("decode_logits") == ("full" if full else "summary"), f"decode_logits {x.get('decode_logits')}")
+            if not full:
+                kib[(backend, keep)] = x.get("device_kib_in_per_token")
+            out[(backend, keep, full)] = x.get("device_kib_out_per_token")
         check(kib[("cpu", "1")] is None, "the CPU's row has no device traffic")
         kept, staged = kib[("cuda-sim", "1")] or 1e9, kib[("cuda-sim", "0")] or 0
         check(kept * 4 < staged, f"cuda-sim: {kept:.1f} KiB in per step with the pool kept, {staged:.1f} staged")
+        summ, whole = out[("cuda-sim", "1", False)] or 1e9, out[("cuda-sim", "1", True)] or 0
+        check(summ < whole, f"cuda-sim: {summ:.2f} KiB out per step with the logits summarised, {whole:.2f} whole")
 
         # a depth past the model's context: refused by name, nothing written
         out1 = os.path.join(d, "out1")
