@@ -208,9 +208,11 @@ static int bench_model(const char *path, const char *name, const struct bench_op
     fprintf(stderr, "bench-prefill-decode: out of memory\n");
     goto out;
   }
-  for (int i = 0; i < nb; i++) table[i] = i, stamps[i] = kvl_kv_stamp_new();
+  for (int i = 0; i < nb; i++) table[i] = i, stamps[i] = kvl_kv_stamp_fresh();
   const int32_t *tables[] = {table};
-  /* write stamps, as the scheduler's pools have: a device backend keeps the pool there */
+  /* write stamps, as the scheduler's pools have: a device backend keeps the pool there;
+   * fresh, as a scheduler pool's new blocks (every run writes its positions before it
+   * reads them), so the device copies none of their old bytes in */
   struct kvl_kv_view kv = {&kl, pool, tables, stamps, nb};
   fill_tokens(ids, n_ctx, hp->n_vocab);
   struct kvl_bench_stats st;

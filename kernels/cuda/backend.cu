@@ -347,6 +347,47 @@ static struct dbuf d_const(const void *h, size_t n) {
   return {e->dev, false};
 }
 
+/* ---- small per-step arrays (positions, sequence ids, block tables, tiles, slots) ----
+ * The same few arrays go with every layer's ops of a step: a 0.5B decode step made 169
+ * copies of a few bytes each (two RoPEs, attention's four, the K/V store's one per layer),
+ * each one a DMA queued between kernels. Kept by content: a copy whose bytes equal the
+ * array's (a hash, then a memcmp against the host shadow) is taken again, so a step copies
+ * each distinct array once. Up to 4 KiB each, 32 of them; the least recently used is
+ * rewritten in place, its new bytes queued on the stream after the kernels that read the
+ * old ones. */
+enum { N_KSMALL = 32, KSMALL_MAX = 4096 };
+struct ksmall {
+  uint64_t hash, used;
+  size_t bytes;
+  char *shadow, *dev;
+};
+static struct ksmall KS_[N_KSMALL];
+static uint64_t ks_clock;
+
+/* the device copy of the small array [h, h + n): a dbuf the op does not free */
+static struct dbuf d_small(const void *h, size_t n) {
+  if (n == 0 || n > KSMALL_MAX) return {(char *)upload(h, n), true};
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) hash = (hash ^ ((const unsigned char *)h)[i]) * 0x100000001b3ull;
+  struct ksmall *victim = &KS_[0];
+  for (int i = 0; i < N_KSMALL; i++) {
+    struct ksmall *e = &KS_[i];
+    if (e->dev && e->hash == hash && e->bytes == n && memcmp(e->shadow, h, n) == 0) {
+      e->used = ++ks_clock;
+      return {e->dev, false};
+    }
+    if (e->used < victim->used) victim = e;
+  }
+  if (!victim->dev) {
+    victim->dev = (char *)dalloc(KSMALL_MAX), victim->shadow = (char *)malloc(KSMALL_MAX);
+    KVL_ASSERT(victim->shadow);
+  }
+  memcpy(victim->shadow, h, n);
+  to_dev(victim->dev, h, n);
+  victim->hash = hash, victim->bytes = n, victim->used = ++ks_clock;
+  return {victim->dev, false};
+}
+
 /* ---- the forward's new K/V rows for the host pool, deferred (kvl_kv_put) -------------
  * Within a bracket, for a pool kept on the device, the new rows go into the device copy
  * at once and into the host pool at the bracket's end: each layer's rows are queued for
@@ -354,8 +395,11 @@ static struct dbuf d_const(const void *h, size_t n) {
  * them. So a decode step waits for the device once, not once per layer. Until then the
  * host pool lacks them, and nothing reads it: kvl_kv_put brings the blocks it writes
  * current on the device before writing rows there, so no later copy from the host takes
- * them back (KVL_CUDA_KV_CHECK stores them first, without counting the wait). Rows that do not
- * fit the buffer (KV_PEND_MIB: a long prefill) are stored per layer as outside a bracket. */
+ * them back (KVL_CUDA_KV_CHECK stores them first, without counting the wait). The kernel
+ * that writes a layer's rows into the device copy also writes them, fp32, into a device
+ * buffer beside the pinned one, which comes over in one copy queued before the bracket's
+ * wait (a 0.5B decode step: 1 copy out instead of 48). Rows that do not fit the buffers
+ * (KV_PEND_MIB: a long prefill) are stored per layer as outside a bracket. */
 enum { KV_PEND_MIB = 8 };
 struct kv_pend {
   const struct kvl_kv_layout *layout;
@@ -367,14 +411,26 @@ struct kv_pend {
 };
 static struct {
   char *buf; /* pinned */
-  size_t cap, used;
+  char *dev; /* the same bytes on the device, first (made at the first use) */
+  size_t cap, used, fetched;
   struct kv_pend *p;
   int n, n_cap;
 } KP_;
 
-/* the queued rows stored into the host pool, after a wait unless `waited` */
+/* the queued rows' copy to the pinned buffer, queued on the stream (not waited for) */
+static void kv_pend_fetch(void) {
+  if (KP_.used > KP_.fetched) to_host(KP_.buf + KP_.fetched, KP_.dev + KP_.fetched, KP_.used - KP_.fetched);
+  KP_.fetched = KP_.used;
+}
+
+/* the queued rows stored into the host pool, after a wait unless `waited` (their copy
+ * queued before it) */
 static void kv_pend_flush(bool waited, bool counted) {
   if (!KP_.n) return;
+  if (KP_.used > KP_.fetched) {
+    kv_pend_fetch();
+    waited = false;
+  }
   if (!waited) {
     if (counted) wait_stream();
     else KVL_CK(cudaStreamSynchronize(S_.st));
@@ -386,7 +442,7 @@ static void kv_pend_flush(bool waited, bool counted) {
                  k + (size_t)q->n_tokens * (size_t)q->layout->n_kv_head * (size_t)q->layout->head_dim, q->pos, q->seq,
                  q->tables);
   }
-  KP_.n = 0, KP_.used = 0;
+  KP_.n = 0, KP_.used = 0, KP_.fetched = 0;
 }
 
 static void cu_begin(kvl_backend_t *be) {
@@ -417,6 +473,7 @@ static void cu_end(kvl_backend_t *be, const void *keep, size_t bytes) {
   (void)be;
   pthread_mutex_lock(&S_.mu);
   if (keeping() && --M_.depth == 0) {
+    kv_pend_fetch(); /* before the wait below */
     const unsigned long long w0 = T_.waits;
     if (keep && bytes) mirrors_settle((const char *)keep, bytes, true);
     kv_pend_flush(T_.waits != w0, true); /* the deferred K/V rows to the host pool: one wait for all */
@@ -614,7 +671,7 @@ static void cu_rope(kvl_backend_t *be, const struct kvl_rope *r, float *x, const
   if (n_tokens <= 0) return;
   pthread_mutex_lock(&S_.mu);
   const size_t bytes = (size_t)n_tokens * (size_t)n_heads * (size_t)r->head_dim * sizeof(float);
-  struct dbuf b[3] = {d_out(x, bytes, true), {(char *)upload(pos, (size_t)n_tokens * sizeof(int32_t)), true},
+  struct dbuf b[3] = {d_out(x, bytes, true), d_small(pos, (size_t)n_tokens * sizeof(int32_t)),
                       d_const(r->inv_freq, (size_t)(r->head_dim / 2) * sizeof(float))};
   kvl__cu_rope((float *)b[0].d, (const int32_t *)b[1].d, (const float *)b[2].d, n_tokens, n_heads, r->head_dim,
                inverse, S_.st);
@@ -687,7 +744,7 @@ static void cu_embed(kvl_backend_t *be, const struct kvl_weight *t, const int32_
   bool is_temp;
   const struct dweight *d = get_dweight(be, t, &temp, &is_temp);
   const size_t bytes = (size_t)n_tokens * (size_t)t->cols * sizeof(float);
-  struct dbuf b[2] = {{(char *)upload(ids, (size_t)n_tokens * sizeof(int32_t)), true}, d_out(y, bytes, false)};
+  struct dbuf b[2] = {d_small(ids, (size_t)n_tokens * sizeof(int32_t)), d_out(y, bytes, false)};
   kvl__cu_embed(d->w, (const int32_t *)b[0].d, (float *)b[1].d, n_tokens, t->cols, S_.st);
   d_result(b[1], y, bytes);
   d_done(b, 2);
@@ -884,10 +941,10 @@ static void cu_attention(kvl_backend_t *be, const struct kvl_attn_args *a) {
       d_in(a->q, qbytes),
       d_out(a->out, qbytes, false),
       {part ? (char *)dalloc(part * sizeof(float)) : NULL, part > 0},
-      {(char *)upload(a->pos, (size_t)a->n_tokens * sizeof(int32_t)), true},
-      {(char *)upload(a->seq, (size_t)a->n_tokens * sizeof(int32_t)), true},
-      {tiled ? (char *)upload(tiles, ((size_t)plan.n_tiles + 1) * sizeof(int32_t)) : NULL, tiled},
-      {(char *)upload(sg.tables, (size_t)sg.n_seq * (size_t)sg.max_blocks * sizeof(int32_t)), true}};
+      d_small(a->pos, (size_t)a->n_tokens * sizeof(int32_t)),
+      d_small(a->seq, (size_t)a->n_tokens * sizeof(int32_t)),
+      tiled ? d_small(tiles, ((size_t)plan.n_tiles + 1) * sizeof(int32_t)) : dbuf{NULL, false},
+      d_small(sg.tables, (size_t)sg.n_seq * (size_t)sg.max_blocks * sizeof(int32_t))};
   kvl__cu_attn_dev dv = {};
   dv.q = (const float *)b[1].d, dv.out = (float *)b[2].d, dv.part = (float *)b[3].d;
   dv.pos = (const int32_t *)b[4].d, dv.seq = (const int32_t *)b[5].d, dv.tiles = (const int32_t *)b[6].d;
@@ -918,7 +975,8 @@ static void cu_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const fl
   const size_t n = (size_t)T * (size_t)kvw * sizeof(float);
   pthread_mutex_lock(&S_.mu);
   struct devpool *dp = devpool_of(a);
-  const bool defer = dp && keeping() && KP_.used + 2 * n <= KP_.cap;
+  if (dp && keeping() && KP_.cap && !KP_.dev) KP_.dev = (char *)kvl__cuda_alloc(KP_.cap); /* NULL: per layer */
+  const bool defer = dp && keeping() && KP_.dev && KP_.used + 2 * n <= KP_.cap;
   if (!defer) {
     if (keeping()) {
       if (v == k + (size_t)T * kvw) {
@@ -947,10 +1005,12 @@ static void cu_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const fl
     struct kvl__cu_kv_geom g;
     g.n_kv_head = a->kv->n_kv_head, g.head_dim = a->kv->head_dim, g.bf16 = a->kv->dtype == KVL_KV_BF16;
     g.block_bytes = (int64_t)dp->bb, g.slab_bytes = (int64_t)KVL_KV_BLOCK * kvw * (g.bf16 ? 2 : 4);
-    struct dbuf b[3] = {d_in(k, n), d_in(v, n), {(char *)upload(where.data(), where.size() * sizeof(int32_t)), true}};
+    struct dbuf b[3] = {d_in(k, n), d_in(v, n), d_small(where.data(), where.size() * sizeof(int32_t))};
     const int32_t *dw = (const int32_t *)b[2].d;
-    kvl__cu_kv_store_rows((const float *)b[0].d, dp->mem, &g, dw, dw + T, NULL, NULL, 2 * a->layer, T, S_.st);
-    kvl__cu_kv_store_rows((const float *)b[1].d, dp->mem, &g, dw, dw + T, NULL, NULL, 2 * a->layer + 1, T, S_.st);
+    float *copy = defer ? (float *)(KP_.dev + KP_.used) : NULL; /* the rows for the host pool, K then V */
+    kvl__cu_kv_store_rows((const float *)b[0].d, dp->mem, &g, dw, dw + T, NULL, NULL, 2 * a->layer, T, copy, S_.st);
+    kvl__cu_kv_store_rows((const float *)b[1].d, dp->mem, &g, dw, dw + T, NULL, NULL, 2 * a->layer + 1, T,
+                          copy ? copy + (size_t)T * kvw : NULL, S_.st);
     KVL_CK(cudaGetLastError());
     if (defer) { /* the rows to the pinned buffer, for the host pool at the bracket's end */
       if (KP_.n == KP_.n_cap) {
@@ -962,9 +1022,7 @@ static void cu_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const fl
       struct kv_pend *q = &KP_.p[KP_.n++];
       q->layout = a->kv, q->base = (void *)a->kv_base, q->layer = a->layer, q->n_tokens = T;
       q->pos = a->pos, q->seq = a->seq, q->tables = a->block_tables, q->off = KP_.used;
-      to_host(KP_.buf + KP_.used, b[0].d, n);
-      to_host(KP_.buf + KP_.used + n, b[1].d, n);
-      KP_.used += (2 * n + 63) / 64 * 64;
+      KP_.used += (2 * n + 63) / 64 * 64; /* written by the kernels above; fetched at the end */
     }
     d_done(b, 3);
   }
@@ -1231,7 +1289,7 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
           j += len;
         }
         kvl__cu_kv_store_rows(y, vdst, &gd, d_blk + c0, d_slot + c0, d_pos + c0, (i & 1) ? NULL : dfreq + hs, i,
-                              nc, S_.st);
+                              nc, NULL, S_.st);
       }
     }
     KVL_CK(cudaGetLastError());

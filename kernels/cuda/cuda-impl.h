@@ -86,10 +86,11 @@ void kvl__cu_tr_gather(const void *blocks, const kvl__cu_kv_geom *g, const int32
                        bool keys, int n, __nv_bfloat16 *x, cudaStream_t st);
 void kvl__cu_tr_fill(float *y, const float *bias, int n, int w, cudaStream_t st);
 /* rows y[n][w] into slab `slab` of the blocks (2L: layer L's K, 2L + 1: its V), rotated at
- * pos first where inv_freq is given: translation's target rows and the forward's new K/V */
+ * pos first where inv_freq is given: translation's target rows and the forward's new K/V;
+ * also copied as they are to copy [n][w] where it is not NULL */
 void kvl__cu_kv_store_rows(const float *y, void *blocks, const kvl__cu_kv_geom *g, const int32_t *blk,
                            const int32_t *slot, const int32_t *pos, const float *inv_freq, int slab, int n,
-                           cudaStream_t st);
+                           float *copy, cudaStream_t st);
 
 /* The summaries of logits [n_rows][n_vocab] (kvl_logits_top_ref's, `full` untouched) */
 void kvl__cu_logits_top(const float *logits, int n_rows, int n_vocab, kvl_logit_top *top, cudaStream_t st);

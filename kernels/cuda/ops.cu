@@ -467,17 +467,19 @@ void kvl__cu_tr_fill(float *y, const float *bias, int n, int w, cudaStream_t st)
 }
 
 /* Rows y[i][w] stored into slab `slab` (2L: layer L's keys, 2L + 1: its values) of the
- * blocks, rotated forward at pos[i] first where inv_freq is given (translation's keys);
- * one block per position, a thread per pair. */
+ * blocks, rotated forward at pos[i] first where inv_freq is given (translation's keys),
+ * and copied as they are to copy[i][w] where it is given (the forward's rows for the host
+ * pool); one block per position, a thread per pair. */
 template <typename KV>
 __global__ void k_kv_store_rows(const float *y, char *blocks, kvl__cu_kv_geom g, const int32_t *blk,
-                                const int32_t *slot, const int32_t *pos, const float *inv_freq, int slab) {
+                                const int32_t *slot, const int32_t *pos, const float *inv_freq, int slab, float *copy) {
   const int i = blockIdx.x, d = g.head_dim, h2 = d / 2, w = g.n_kv_head * d;
   KV *row = (KV *)(blocks + (int64_t)blk[i] * g.block_bytes + (int64_t)slab * g.slab_bytes) + (int64_t)slot[i] * w;
   const float *yr = y + (int64_t)i * w;
   for (int p = threadIdx.x; p < g.n_kv_head * h2; p += blockDim.x) {
     const int h = p / h2, k = p % h2;
     const float a = yr[h * d + k], b = yr[h * d + k + h2];
+    if (copy) copy[(int64_t)i * w + h * d + k] = a, copy[(int64_t)i * w + h * d + k + h2] = b;
     if (inv_freq) {
       const double ang = (double)pos[i] * (double)inv_freq[k];
       const float c = (float)cos(ang), si = (float)sin(ang);
@@ -492,12 +494,13 @@ __global__ void k_kv_store_rows(const float *y, char *blocks, kvl__cu_kv_geom g,
 
 void kvl__cu_kv_store_rows(const float *y, void *blocks, const kvl__cu_kv_geom *g, const int32_t *blk,
                            const int32_t *slot, const int32_t *pos, const float *inv_freq, int slab, int n,
-                           cudaStream_t st) {
+                           float *copy, cudaStream_t st) {
   if (n <= 0) return;
   if (g->bf16)
-    KVL_LAUNCH(k_kv_store_rows<__nv_bfloat16>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, slab);
+    KVL_LAUNCH(k_kv_store_rows<__nv_bfloat16>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, slab,
+               copy);
   else
-    KVL_LAUNCH(k_kv_store_rows<float>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, slab);
+    KVL_LAUNCH(k_kv_store_rows<float>, n, 128, st, y, (char *)blocks, *g, blk, slot, pos, inv_freq, slab, copy);
 }
 
 /* ---- logits summarised for sampling (kvl_logits_top; kvl_logits_top_ref's contract) ---
