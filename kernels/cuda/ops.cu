@@ -1,5 +1,6 @@
 /* ops.cu — the CUDA backend's own kernels: bf16 conversion, bias, RMSNorm, RoPE and its
- * inverse, SwiGLU, embedding rows, and attention over paged KV blocks. The GEMMs are
+ * inverse, SwiGLU, embedding rows, attention over paged KV blocks, translation's gather and
+ * store, and the logits' summaries for sampling. The GEMMs are
  * cuBLASLt's (backend.cu). Each kernel follows the scalar reference in kernels/ref/ (the
  * same formula; accumulation in fp32, or double where the reference's accuracy needs it),
  * and tests/gpu/test-cuda-ops.c checks it against the CPU. */

@@ -2,7 +2,7 @@
  * backend's kernels (ops.cu, compiled as C++ with KVL_CUDA_SIM) in the unit tests of a
  * machine without a GPU. What a kernel sees:
  *
- *   - a grid of blocks, run one block at a time, every thread of the block an OS thread;
+ *   - a grid of blocks, run one block at a time, every thread of the block a fiber (sim.cc);
  *     threadIdx / blockIdx per thread, blockDim / gridDim for the launch;
  *   - __syncthreads() and __syncwarp(): barriers over the block's and the warp's threads
  *     (warps of 32 consecutive linear thread ids); a thread that returns leaves them, as
@@ -10,6 +10,7 @@
  *   - __shfl_sync / __shfl_xor_sync / __shfl_down_sync: an exchange through the warp's
  *     slots between two warp barriers, so every live lane of the warp must take part;
  *   - __shared__ variables: function statics, one copy for the block that runs;
+ *   - atomicAdd: a plain read-modify-write (the fibers switch only at barriers);
  *   - bf16 values and conversions with round-to-nearest-even (cuda_bf16.h's _rn).
  *
  * What it cannot show: speed, the device's memory model beyond the barriers (a race that
