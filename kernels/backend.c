@@ -117,6 +117,14 @@ bool kvl_logits_top(kvl_backend_t *be, const float *logits, int n_rows, int n_vo
   return be->ops->logits_top && n_rows > 0 && be->ops->logits_top(be, logits, n_rows, n_vocab, full, top, rows);
 }
 
+bool kvl_backend_host_register(kvl_backend_t *be, void *p, size_t bytes) {
+  return be && be->ops->host_register && p && bytes && be->ops->host_register(be, p, bytes);
+}
+
+void kvl_backend_host_unregister(kvl_backend_t *be, void *p) {
+  if (be && be->ops->host_unregister && p) be->ops->host_unregister(be, p);
+}
+
 bool kvl_backend_can_translate(const kvl_backend_t *be) { return be && be->ops->translate; }
 
 int kvl_backend_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *err, size_t errlen) {

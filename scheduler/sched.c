@@ -178,6 +178,7 @@ int kvl_sched_add_model(kvl_sched_t *s, const struct kvl_sched_model *mc, int *m
   if (m->cfg.max_model_len <= 0 || m->cfg.max_model_len > hp->n_ctx_train) m->cfg.max_model_len = hp->n_ctx_train;
   int rc = kvl_pool_new(&mc->pool, &m->pool);
   if (rc < 0) return kvl_errf(err, errlen, rc, "model '%s': cannot create its KV pool (%s)", mc->name, kvl_strerror(rc));
+  kvl_pool_pin(m->pool, mc->backend); /* a device backend's block copies from pinned memory */
   size_t need = (size_t)(s->cfg.step_tokens + s->cfg.max_seqs) * (size_t)hp->n_vocab;
   if (need > s->cap_logits) {
     float *l = realloc(s->logits, need * sizeof(float));

@@ -166,20 +166,43 @@ static void wait_stream(void);
  * free again at the next wait for the stream (everything queued before it has run), so an
  * upload that finds the ring full waits (counted). Larger ones (weights, a pool's blocks
  * at depth) come from pageable memory. */
+/* ---- pinned host memory: the staging ring, the K/V rows' buffer, and ranges registered
+ * with kvl_backend_host_register (a pool's arenas: kvl_pool_pin) ---------------------- */
+enum { N_HREG = 32 };
+static struct {
+  char *p;
+  size_t n;
+} HR_[N_HREG];
+static int n_hreg;
+
+static bool in_hreg(const void *h, size_t n) {
+  const char *c = (const char *)h;
+  for (int i = 0; i < n_hreg; i++)
+    if (c >= HR_[i].p && c + n <= HR_[i].p + HR_[i].n) return true;
+  return false;
+}
+
 static void to_dev(void *d, const void *h, size_t bytes) {
   const size_t len = (bytes + 63) / 64 * 64;
-  if (S_.pin && len <= S_.pin_bytes / 4) {
+  if (in_hreg(h, bytes)) {
+    /* pinned already: straight from there */
+  } else if (S_.pin && len <= S_.pin_bytes / 4) {
     if (S_.pin_used + len > S_.pin_bytes) wait_stream();
     char *p = S_.pin + S_.pin_used;
     S_.pin_used += len;
     memcpy(p, h, bytes);
     h = p;
+  } else {
+    T_.bytes_pageable += bytes;
   }
   KVL_CK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, S_.st));
   T_.copies_in++, T_.bytes_in += bytes;
 }
 
+static bool kp_buf_holds(const void *h, size_t n);
+
 static void to_host(void *h, const void *d, size_t bytes) {
+  if (!in_hreg(h, bytes) && !kp_buf_holds(h, bytes)) T_.bytes_pageable += bytes;
   KVL_CK(cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, S_.st));
   T_.copies_out++, T_.bytes_out += bytes;
 }
@@ -416,6 +439,10 @@ static struct {
   struct kv_pend *p;
   int n, n_cap;
 } KP_;
+
+static bool kp_buf_holds(const void *h, size_t n) {
+  return KP_.buf && (const char *)h >= KP_.buf && (const char *)h + n <= KP_.buf + KP_.cap;
+}
 
 /* the queued rows' copy to the pinned buffer, queued on the stream (not waited for) */
 static void kv_pend_fetch(void) {
@@ -1312,10 +1339,43 @@ out:
   return rc;
 }
 
+/* a pool's arenas pinned (KVL_CUDA_PIN_POOLS=0: never) */
+static bool cu_host_register(kvl_backend_t *be, void *p, size_t bytes) {
+  (void)be;
+  static int on = -1;
+  if (on < 0) on = !getenv("KVL_CUDA_PIN_POOLS") || strcmp(getenv("KVL_CUDA_PIN_POOLS"), "0") != 0;
+  if (!on) return false;
+  pthread_mutex_lock(&S_.mu);
+  bool ok = n_hreg < N_HREG;
+  const cudaError_t e = ok ? cudaHostRegister(p, bytes, cudaHostRegisterDefault) : cudaSuccess;
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    fprintf(stderr, "kvlingo: CUDA would not pin %zu MiB of host memory (%s): its copies take the pageable path\n",
+            bytes >> 20, cudaGetErrorString(e));
+    ok = false;
+  }
+  if (ok) HR_[n_hreg].p = (char *)p, HR_[n_hreg].n = bytes, n_hreg++;
+  pthread_mutex_unlock(&S_.mu);
+  return ok;
+}
+
+static void cu_host_unregister(kvl_backend_t *be, void *p) {
+  (void)be;
+  pthread_mutex_lock(&S_.mu);
+  for (int i = 0; i < n_hreg; i++)
+    if (HR_[i].p == (char *)p) {
+      wait_stream(); /* no copy queued from or to it may outlive the registration */
+      KVL_CK(cudaHostUnregister(p));
+      HR_[i] = HR_[--n_hreg];
+      break;
+    }
+  pthread_mutex_unlock(&S_.mu);
+}
+
 static const struct kvl_backend_ops cuda_ops = {cu_supports, cu_matmul,    cu_rmsnorm,   cu_rope, cu_swiglu,
                                                 cu_embed,    cu_attention, cu_translate, cu_add,  cu_begin,
                                                 cu_fetch,    cu_end,       cu_traffic,   cu_kv_put,
-                                                cu_logits_top};
+                                                cu_logits_top, cu_host_register, cu_host_unregister};
 
 static kvl_backend_t be_cuda;
 static pthread_once_t once = PTHREAD_ONCE_INIT;

@@ -64,6 +64,14 @@ cudaError_t cudaFreeHost(void *p) {
   return cudaSuccess;
 }
 
+/* registration pins nothing here; the backend's bookkeeping of it is what the tests see */
+cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned flags) {
+  (void)flags;
+  return p && bytes ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t cudaHostUnregister(void *p) { return p ? cudaSuccess : cudaErrorInvalidValue; }
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t st) {
   (void)st;
   if (!bytes) return cudaSuccess;
@@ -92,6 +100,7 @@ cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 const char *cudaGetErrorString(cudaError_t e) {
   switch (e) {
   case cudaSuccess: return "no error";
+  case cudaErrorInvalidValue: return "invalid argument";
   case cudaErrorMemoryAllocation: return "out of memory";
   case cudaErrorInvalidDevice: return "invalid device ordinal";
   }

@@ -53,9 +53,9 @@ static inline float4 make_float4(float x, float y, float z, float w) { return fl
  * named "kvl_sim", compute 9.0, 132 multiprocessors (an H100's), 4 GiB free. */
 struct kvl_sim_stream;
 typedef kvl_sim_stream *cudaStream_t;
-enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidDevice = 101 };
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidDevice = 101 };
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
-enum { cudaStreamNonBlocking = 1 };
+enum { cudaStreamNonBlocking = 1, cudaHostRegisterDefault = 0 };
 struct cudaDeviceProp {
   char name[256];
   int major, minor, multiProcessorCount;
@@ -67,6 +67,8 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
 cudaError_t cudaMalloc(void **p, size_t bytes);
 cudaError_t cudaMallocHost(void **p, size_t bytes); /* "pinned": plain host memory here */
 cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned flags);
+cudaError_t cudaHostUnregister(void *p);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t st);
 cudaError_t cudaStreamSynchronize(cudaStream_t st);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *st, unsigned flags);

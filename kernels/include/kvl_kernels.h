@@ -266,7 +266,18 @@ void kvl_backend_end(kvl_backend_t *be, const void *keep, size_t bytes);
  * for the device; false (t zeroed) for a backend without a device (the CPU's). */
 struct kvl_backend_traffic {
   unsigned long long copies_in, copies_out, bytes_in, bytes_out, waits;
+  unsigned long long bytes_pageable; /* of bytes_in and bytes_out: to or from host memory that was
+                                        not pinned (no staging ring, no kvl_backend_host_register) */
 };
+
+/* Host memory that the backend's device copies to and from often (a KV pool's arenas:
+ * kvl_pool_pin) made pinned — page-locked and mapped for the device's DMA — so those
+ * copies run asynchronously at the bus's speed instead of through the driver's pageable
+ * staging. True where it is; false, nothing done, where the backend has no device (the
+ * CPU's), the driver refused (the copies then take the pageable path, as before), or
+ * KVL_CUDA_PIN_POOLS=0. Unregister before the memory is freed. */
+bool kvl_backend_host_register(kvl_backend_t *be, void *p, size_t bytes);
+void kvl_backend_host_unregister(kvl_backend_t *be, void *p);
 bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t);
 
 /* A row of logits summarised for sampling, so that a decode step's logits can stay on a

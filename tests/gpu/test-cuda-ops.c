@@ -552,6 +552,65 @@ static void test_pool(void) {
   free(buf);
 }
 
+/* ---- a pool's arenas pinned (kvl_pool_pin) ---------------------------------------------
+ * One attention step over 80 blocks (1280 positions, 64 KiB per block: one 5 MiB run of
+ * blocks written on the host) of two pools, one pinned: the unpinned pool's blocks come
+ * from pageable memory (runs of blocks over the staging ring's 4 MiB), the pinned pool's
+ * straight from its arena (what stays pageable is the output's copy back: 4 KiB); both
+ * give the scalar reference's output. The CPU backend pins nothing. */
+static void pinned_step(kvl_pool_t *p, float *out, unsigned long long *pageable) {
+  const struct kvl_kv_layout *kl = kvl_pool_layout(p);
+  const int n = 80 * KVL_KV_BLOCK, H = 8, D = kl->head_dim;
+  kvl_line_t *l = kvl_line_new(p);
+  int32_t *ids = calloc((size_t)n, sizeof(int32_t));
+  CHECK_EQ_INT(kvl_line_append(l, ids, n, KVL_WRITER_NATIVE), 0);
+  unsigned long long r = 3; /* the same rows in both pools */
+  uint16_t *base = kvl_pool_base(p);
+  for (size_t i = 0; i < (size_t)80 * kvl_kv_block_bytes(kl) / 2; i++)
+    base[i] = kvl_fp32_to_bf16(kvl_test_randf(&r));
+  kvl_line_written(l, 0, n);
+  float q[8 * 128];
+  for (int i = 0; i < H * D; i++) q[i] = kvl_test_randf(&r);
+  const int32_t pos = n - 1, seq = 0;
+  const int32_t *tabs[] = {kvl_line_block_table(l)};
+  struct kvl_attn_args a = {1,        q,  out, &pos, &seq, tabs, H, 0, kl, base, 1.0f / sqrtf((float)D),
+                            kvl_pool_stamps(p), kvl_pool_hot_blocks(p)};
+  struct kvl_backend_traffic t0, t1;
+  kvl_backend_traffic(cu, &t0);
+  kvl_attention(cu, &a);
+  kvl_backend_traffic(cu, &t1);
+  *pageable = t1.bytes_pageable - t0.bytes_pageable;
+  float *ref = malloc((size_t)H * D * 4);
+  a.out = ref, a.kv_stamps = NULL, a.kv_blocks = 0;
+  kvl_attention_ref(&a);
+  report("attention", "1280 positions of a pool, bf16", nmse(out, ref, (size_t)H * D), 1e-10);
+  free(ref), free(ids);
+  kvl_line_free(l);
+}
+
+static void test_pinned(void) {
+  struct kvl_kv_layout kl = {1, 8, 128, KVL_KV_BF16};
+  struct kvl_pool_config pc = {.layout = kl, .hot_bytes = 80 * kvl_kv_block_bytes(&kl),
+                               .cold_bytes = 4 * kvl_kv_block_bytes(&kl)};
+  kvl_pool_t *p[2];
+  CHECK_EQ_INT(kvl_pool_new(&pc, &p[0]), 0);
+  CHECK_EQ_INT(kvl_pool_new(&pc, &p[1]), 0);
+  kvl_pool_t *pc_cpu;
+  CHECK_EQ_INT(kvl_pool_new(&pc, &pc_cpu), 0);
+  CHECK_EQ_INT(kvl_pool_pin(pc_cpu, kvl_backend_cpu()), 0);
+  const int pinned = kvl_pool_pin(p[1], cu);
+  float out[2][8 * 128];
+  unsigned long long pageable[2];
+  for (int i = 0; i < 2; i++) pinned_step(p[i], out[i], &pageable[i]);
+  const bool ok = pinned == 2 && pageable[0] > ((size_t)4 << 20) && pageable[1] < kvl_kv_block_bytes(&kl);
+  printf("%s pinned     %-40s %d arenas pinned; pageable bytes %.1f MB unpinned, %.1f kB pinned\n",
+         ok ? "ok  " : "FAIL", "an attention step over 80 blocks", pinned, pageable[0] / 1e6, pageable[1] / 1e3);
+  if (!ok) n_bad++;
+  CHECK(ok);
+  for (int i = 0; i < 2; i++) kvl_pool_free(p[i]); /* the pinned one unregistered first */
+  kvl_pool_free(pc_cpu);
+}
+
 /* ---- logits summarised on the device (kvl_logits_top, kvl_model_forward_top) ----------
  * The op against kvl_logits_top_ref (the same entries, bit for bit, in the same order;
  * lse and entropy summed in another order): rows of a real vocabulary's width, random,
@@ -747,6 +806,7 @@ int main(int argc, char **argv) {
   RUN(test_switch);
   RUN(test_pool);
   RUN(test_logits_top);
+  RUN(test_pinned);
   if (model) {
     int before = kvl_test_failed;
     test_model(model);
