@@ -514,11 +514,23 @@ static void cu_end(kvl_backend_t *be, const void *keep, size_t bytes) {
 struct dweight {
   __nv_bfloat16 *w;
   float *bias;
+  void *q;         /* the GGUF rows as they are, for decode products (KVL_CUDA_QGEMV), or NULL */
+  uint32_t qtype;
+  size_t q_row_bytes;
 };
+
+/* KVL_CUDA_QGEMV=1: products of up to KVL__CU_QGEMV_MAX_T tokens on the GGUF blocks
+ * (kvl__cu_qgemv) for the formats it takes, the weights' quantised rows kept on the device
+ * beside the bf16 copy; default off until a GPU run shows it faster (scripts/gpu-check) */
+static bool qgemv_on(void) { /* read when a weight's device copy is made */
+  const char *e = getenv("KVL_CUDA_QGEMV");
+  return e && strcmp(e, "1") == 0;
+}
 
 static void dweight_free(struct dweight *d) {
   kvl__cuda_free(d->w);
   kvl__cuda_free(d->bias);
+  kvl__cuda_free(d->q);
 }
 
 static void release_pack(struct kvl_wpack *p) {
@@ -539,6 +551,8 @@ static void make_dweight(const struct kvl_weight *w, struct dweight *d) {
   }
   d->w = (__nv_bfloat16 *)upload(hb, (size_t)w->rows * (size_t)w->cols * sizeof(uint16_t));
   d->bias = w->bias ? (float *)upload(w->bias, (size_t)w->rows * sizeof(float)) : NULL;
+  d->q = NULL, d->qtype = w->type, d->q_row_bytes = rb;
+  if (qgemv_on() && kvl__cu_qgemv_takes(w->type, w->cols)) d->q = upload(w->data, (size_t)w->rows * rb);
   wait_stream(); /* the host copies are freed next */
   free(row);
   free(hb);
@@ -559,7 +573,8 @@ static const struct dweight *get_dweight(kvl_backend_t *be, const struct kvl_wei
     KVL_ASSERT(d);
     *d = *temp;
     p->impl = d;
-    p->bytes = (size_t)w->rows * (size_t)w->cols * 2 + (w->bias ? (size_t)w->rows * 4 : 0);
+    p->bytes = (size_t)w->rows * (size_t)w->cols * 2 + (w->bias ? (size_t)w->rows * 4 : 0) +
+               (d->q ? (size_t)w->rows * d->q_row_bytes : 0);
     p->owner = be;
     p->release = release_pack;
     *is_temp = false;
@@ -668,10 +683,16 @@ static void cu_matmul(kvl_backend_t *be, const struct kvl_weight *w, const float
   bool is_temp;
   const struct dweight *d = get_dweight(be, w, &temp, &is_temp);
   const size_t xn = (size_t)n_tokens * (size_t)w->cols, yn = (size_t)n_tokens * (size_t)w->rows;
-  struct dbuf b[3] = {d_in(x, xn * sizeof(float)), {(char *)dalloc(xn * sizeof(__nv_bfloat16)), true},
+  const bool q = d->q && n_tokens <= KVL__CU_QGEMV_MAX_T;
+  struct dbuf b[3] = {d_in(x, xn * sizeof(float)), {q ? NULL : (char *)dalloc(xn * sizeof(__nv_bfloat16)), !q},
                       d_out(y, yn * sizeof(float), false)};
-  kvl__cu_to_bf16((const float *)b[0].d, (__nv_bfloat16 *)b[1].d, (int64_t)xn, S_.st);
-  gemm(d->w, (const __nv_bfloat16 *)b[1].d, (float *)b[2].d, w->rows, w->cols, n_tokens);
+  if (q) {
+    kvl__cu_qgemv(d->q, d->qtype, d->q_row_bytes, (const float *)b[0].d, (float *)b[2].d, (int)w->rows, (int)w->cols,
+                  n_tokens, S_.st);
+  } else {
+    kvl__cu_to_bf16((const float *)b[0].d, (__nv_bfloat16 *)b[1].d, (int64_t)xn, S_.st);
+    gemm(d->w, (const __nv_bfloat16 *)b[1].d, (float *)b[2].d, w->rows, w->cols, n_tokens);
+  }
   if (d->bias) kvl__cu_bias((float *)b[2].d, d->bias, n_tokens, w->rows, S_.st);
   d_result(b[2], y, yn * sizeof(float));
   d_done(b, 3);

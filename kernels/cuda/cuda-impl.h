@@ -92,6 +92,13 @@ void kvl__cu_kv_store_rows(const float *y, void *blocks, const kvl__cu_kv_geom *
                            const int32_t *slot, const int32_t *pos, const float *inv_freq, int slab, int n,
                            float *copy, cudaStream_t st);
 
+/* y[t][r] = W[r] . x[t] for t < n_tokens <= KVL__CU_QGEMV_MAX_T on the GGUF rows of w as
+ * they are (type Q8_0, Q5_0, Q4_K or Q6_K: kvl__cu_qgemv_takes), x and y fp32 */
+enum { KVL__CU_QGEMV_MAX_T = 8 };
+bool kvl__cu_qgemv_takes(uint32_t type, int64_t cols);
+void kvl__cu_qgemv(const void *w, uint32_t type, size_t row_bytes, const float *x, float *y, int rows, int cols,
+                   int n_tokens, cudaStream_t st);
+
 /* The summaries of logits [n_rows][n_vocab] (kvl_logits_top_ref's, `full` untouched) */
 void kvl__cu_logits_top(const float *logits, int n_rows, int n_vocab, kvl_logit_top *top, cudaStream_t st);
 

@@ -620,4 +620,108 @@ void kvl__cu_logits_top(const float *logits, int n_rows, int n_vocab, kvl_logit_
   if (n_rows > 0 && n_vocab > 0) KVL_LAUNCH(k_logits_top, n_rows, 256, st, logits, n_vocab, top);
 }
 
+/* ---- decode products on the GGUF blocks themselves (KVL_CUDA_QGEMV) ------------------
+ *
+ * y[t][r] = sum_k W[r][k] x[t][k] for a few tokens, the weight rows read as the file
+ * stores them (Q8_0, Q5_0, Q4_K, Q6_K: 1.06 .. 0.56 bytes per weight, against bf16's 2):
+ * a decode step reads its weights once, so fewer bytes is less time where bandwidth
+ * bounds it. One warp per row, each lane a 32-element unit at a time (a Q8_0 / Q5_0 block,
+ * a k-quant's sub-block with its scale), dequantised in registers in fp32 exactly as the
+ * reference (kvl_dequant_row_ref) does, multiplied with each token's x in fp32. */
+__device__ inline float fp16_bits(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  uint32_t b;
+  if (e == 0) {
+    const float v = (float)m * 5.9604644775390625e-8f; /* m x 2^-24: zero or subnormal */
+    memcpy(&b, &v, 4);
+    b |= sign;
+  } else if (e == 31) {
+    b = sign | 0x7f800000u | (m << 13);
+  } else {
+    b = sign | ((e + 112) << 23) | (m << 13);
+  }
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+
+__device__ inline uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* unit j (elements 32j .. 32j + 31) of a row of the given type */
+__device__ inline void dq_unit(uint32_t type, const uint8_t *row, int j, float *o) {
+  if (type == 8) { /* Q8_0: d, 32 codes */
+    const uint8_t *b = row + (size_t)j * 34;
+    const float d = fp16_bits(le16(b));
+    for (int l = 0; l < 32; l++) o[l] = d * (float)(int8_t)b[2 + l];
+  } else if (type == 6) { /* Q5_0: d, 32 fifth bits, 16 bytes of nibbles */
+    const uint8_t *b = row + (size_t)j * 22;
+    const float d = fp16_bits(le16(b));
+    const uint32_t qh = (uint32_t)b[2] | ((uint32_t)b[3] << 8) | ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 24);
+    for (int l = 0; l < 16; l++) {
+      o[l] = d * (float)((int)((b[6 + l] & 0xf) | (((qh >> l) & 1u) << 4)) - 16);
+      o[l + 16] = d * (float)((int)((b[6 + l] >> 4) | (((qh >> (l + 16)) & 1u) << 4)) - 16);
+    }
+  } else if (type == 12) { /* Q4_K: d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles */
+    const uint8_t *b = row + (size_t)(j / 8) * 144, *sc = b + 4, *q = b + 16 + (j % 8 / 2) * 32;
+    const int s = j % 8;
+    int scl, mn;
+    if (s < 4) {
+      scl = sc[s] & 63, mn = sc[s + 4] & 63;
+    } else {
+      scl = (sc[s + 4] & 0xf) | ((sc[s - 4] >> 6) << 4);
+      mn = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+    }
+    const float d = fp16_bits(le16(b)) * (float)scl, m = fp16_bits(le16(b + 2)) * (float)mn;
+    for (int l = 0; l < 32; l++) o[l] = d * (float)((s & 1) ? q[l] >> 4 : q[l] & 0xf) - m;
+  } else { /* Q6_K: 128 bytes of low nibbles, 64 of high bit pairs, 16 scales, d */
+    const uint8_t *b = row + (size_t)(j / 8) * 210;
+    const int s = j % 8, half = s / 4, qd = s % 4;
+    const uint8_t *ql = b + half * 64 + (qd & 1) * 32, *qh = b + 128 + half * 32;
+    const int8_t *sc = (const int8_t *)(b + 192) + half * 8 + qd * 2;
+    const float d = fp16_bits(le16(b + 208));
+    for (int l = 0; l < 32; l++) {
+      const int lo = qd < 2 ? ql[l] & 0xf : ql[l] >> 4;
+      const int q = (lo | (((qh[l] >> (2 * qd)) & 3) << 4)) - 32;
+      o[l] = d * (float)sc[l / 16] * (float)q;
+    }
+  }
+}
+
+__global__ void k_qgemv(const uint8_t *w, uint32_t type, int64_t row_bytes, const float *x, float *y, int rows,
+                        int cols, int n_tokens) {
+  const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (r >= rows) return; /* a whole warp */
+  const uint8_t *row = w + (int64_t)r * row_bytes;
+  float acc[KVL__CU_QGEMV_MAX_T];
+  for (int t = 0; t < KVL__CU_QGEMV_MAX_T; t++) acc[t] = 0.0f;
+  float u[32];
+  for (int j = lane; j < cols / 32; j += 32) {
+    dq_unit(type, row, j, u);
+    for (int t = 0; t < n_tokens; t++) {
+      const float *xt = x + (int64_t)t * cols + (int64_t)j * 32;
+      float a = 0.0f;
+      for (int l = 0; l < 32; l++) a += u[l] * xt[l];
+      acc[t] += a;
+    }
+  }
+  for (int t = 0; t < n_tokens; t++) {
+    float a = acc[t];
+    for (int o = 16; o > 0; o >>= 1) a += __shfl_down_sync(0xffffffffu, a, o);
+    if (lane == 0) y[(int64_t)t * rows + r] = a;
+  }
+}
+
+bool kvl__cu_qgemv_takes(uint32_t type, int64_t cols) {
+  if (type == 8 || type == 6) return cols % 32 == 0;
+  if (type == 12 || type == 14) return cols % 256 == 0;
+  return false;
+}
+
+void kvl__cu_qgemv(const void *w, uint32_t type, size_t row_bytes, const float *x, float *y, int rows, int cols,
+                   int n_tokens, cudaStream_t st) {
+  if (rows > 0 && n_tokens > 0)
+    KVL_LAUNCH(k_qgemv, blocks_for(rows, 4), 128, st, (const uint8_t *)w, type, (int64_t)row_bytes, x, y, rows, cols,
+               n_tokens);
+}
+
 KVL_CU_END
