@@ -72,7 +72,9 @@ int main(int argc, char **argv) {
   const char *out = "bench/results";
   enum kvl_kv_dtype kvdt = KVL_KV_BF16;
   bool cuda = false;
+  float temperature = 0;
   static const struct option opts[] = {{"prefix-share", no_argument, 0, 'P'}, {"kv", required_argument, 0, 'K'},
+                                       {"temperature", required_argument, 0, 'T'},
                                        {"step-tokens", required_argument, 0, 'S'}, {"out", required_argument, 0, 'O'},
                                        {"backend", required_argument, 0, 'B'},
                                        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
@@ -90,6 +92,7 @@ int main(int argc, char **argv) {
     case 'P': share = true; break;
     case 'K': kvdt = !strcmp(optarg, "f32") ? KVL_KV_F32 : KVL_KV_BF16; break;
     case 'S': step_tokens = atoi(optarg); break;
+    case 'T': temperature = (float)atof(optarg); break;
     case 'O': out = optarg; break;
     case 'B':
       if (kvl_bench_backend_opt("bench-gen-throughput", optarg, &cuda)) return 2;
@@ -97,10 +100,10 @@ int main(int argc, char **argv) {
     default:
       fprintf(c == 'h' ? stdout : stderr,
               "usage: bench-gen-throughput [-m MODEL.gguf]... [-c 1,4,16,64] [-n TOKENS] [--prefix-share] "
-              "[--kv bf16|f32] [--step-tokens N] [--backend cpu|cuda|cuda-sim] [--out DIR]\n%s",
+              "[--kv bf16|f32] [--step-tokens N] [--temperature T] [--backend cpu|cuda|cuda-sim] [--out DIR]\n%s",
               c != 'h' ? ""
                        : "\nServing throughput of the scheduler: N streams submitted at once (prompts of 64..256\n"
-                         "tokens, fixed seed), greedy; aggregate generated tokens/s over the whole run (prefill\n"
+                         "tokens, fixed seed), greedy by default; aggregate generated tokens/s over the whole run (prefill\n"
                          "included), TTFT and inter-token latency p50/p99. Writes DIR/gen-throughput[-shared].json/.md.\n\n"
                          "  -m MODEL.gguf      repeatable; default: qwen2.5-coder-1.5b in $KVLINGO_MODELS\n"
                          "  -c LIST            concurrencies (default 1,4,16,64)\n"
@@ -108,6 +111,8 @@ int main(int argc, char **argv) {
                          "  --prefix-share     every prompt starts with the same 128-token prefix (hit rate)\n"
                          "  --kv bf16|f32      KV cache storage (default bf16)\n"
                          "  --step-tokens N    the scheduler's per-step token budget (default 256)\n"
+                         "  --temperature T    sample at T from the whole distribution, stream i seeded i\n"
+                         "                     (default 0: greedy)\n"
                          "  --backend cpu|cuda|cuda-sim the CPU backend (default), the CUDA one (kernels/cuda/),\n"
                          "                     or the CUDA one compiled for the CPU (copies and waits, not times)\n"
                          "  --out DIR          default bench/results\n");
@@ -159,7 +164,8 @@ int main(int argc, char **argv) {
         total_prompt += len;
         struct kvl_request q = {.model = mid, .prompt = prompts[i], .n_prompt = len, .max_tokens = n_tokens};
         kvl_sampler_params_init(&q.sampling);
-        q.sampling.temperature = 0;
+        q.sampling.temperature = temperature;
+        q.sampling.seed = (uint64_t)i, q.sampling.has_seed = true;
         uint64_t id;
         run.s[i].t_submit = kvl_bench_now() * 1e3;
         if (kvl_sched_submit(s, &q, on_token, &run, &id, err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
@@ -188,6 +194,7 @@ int main(int argc, char **argv) {
       json_object_set_new(res, "itl_p99_ms", json_real(pct(itl, n_itl, 99)));
       json_object_set_new(res, "prompt_tokens", json_integer(total_prompt));
       json_object_set_new(res, "generated_tokens", json_integer(gen));
+      json_object_set_new(res, "temperature", json_real(temperature));
       uint64_t dg = 0xcbf29ce484222325ull; /* the streams' digests in submission order */
       for (int i = 0; i < N; i++) dg = (dg ^ run.s[i].digest) * 0x100000001b3ull;
       char dgs[24];

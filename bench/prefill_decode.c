@@ -300,7 +300,7 @@ static int bench_model(const char *path, const char *name, const struct bench_op
         pos[0] = tg_prompt + i;
         want[0] = o->full_logits ? 1 : KVL_LOGITS_TOP;
         struct kvl_batch d = {1, ids + tg_prompt + i, pos, seq, want};
-        struct kvl_logit_top top;
+        struct kvl_logit_top top = {.temperature = 0}; /* no draw */
         if ((rc = kvl_model_forward_top(m, be, &d, &kv, logits, &top)) < 0) {
           fprintf(stderr, "bench-prefill-decode: %s %s: decode forward: %s\n", name, test, kvl_strerror(rc));
           goto out;

@@ -75,12 +75,22 @@ static void head_end(kvl_backend_t *be, kvl_backend_t *hb, const struct kvl_batc
   int8_t *full = n_sum > 0 ? malloc((size_t)T) : NULL;
   char *ob = NULL;
   size_t ob_bytes = top_bytes;
+  float *temp = NULL; /* the draws asked for (top[r].temperature > 0), else NULL */
+  double *u = NULL;
   if (full) {
-    for (int t = 0; t < T; t++) full[t] = b->logits[t] != KVL_LOGITS_TOP;
+    bool draws = false;
+    for (int t = 0; t < T; t++) {
+      full[t] = b->logits[t] != KVL_LOGITS_TOP;
+      draws |= !full[t] && top[t].temperature > 0;
+    }
     ob_bytes += (size_t)(T - n_sum) * row_bytes;
     ob = malloc(ob_bytes);
+    if (draws && (temp = malloc((size_t)T * sizeof(float))) && (u = malloc((size_t)T * sizeof(double))))
+      for (int t = 0; t < T; t++) temp[t] = full[t] ? 0.0f : top[t].temperature, u[t] = top[t].u;
+    if (draws && !u) free(ob), ob = NULL; /* out of memory: the rows come whole */
   }
-  if (!ob || !kvl_logits_top(hb, logits, T, V, full, (struct kvl_logit_top *)ob, (float *)(ob + top_bytes))) {
+  if (!ob ||
+      !kvl_logits_top(hb, logits, T, V, full, temp, u, (struct kvl_logit_top *)ob, (float *)(ob + top_bytes))) {
     kvl_backend_end(be, logits, (size_t)T * row_bytes);
     for (int r = 0; top && r < T; r++) top[r].full = 1;
   } else {
@@ -93,6 +103,8 @@ static void head_end(kvl_backend_t *be, kvl_backend_t *hb, const struct kvl_batc
   }
   free(full);
   free(ob);
+  free(temp);
+  free(u);
 }
 
 /* hb: the backend of the output head (the caller's, where be is its exact twin) */

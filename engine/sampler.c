@@ -59,6 +59,8 @@ struct kvl_sampler {
   int ring_n;                   /* tokens in the ring (<= repetition_last_n) */
   int ring_pos;                 /* next slot to write */
   double *pmass;                /* [PB_N] top-p scratch: probability mass per bucket */
+  double pending_u;             /* kvl_sampler_predraw's point, for the next draw */
+  bool has_pending;
 };
 
 /* ---- RNG: splitmix64 for seeding, xoshiro256** for the stream --------------------- */
@@ -551,12 +553,19 @@ static void fill_logprobs(const kvl_sampler_t *s, const float *logits, int32_t t
 
 /* ---- sampling -------------------------------------------------------------------- */
 
+/* the next uniform draw of this sequence: the one kvl_sampler_predraw took, else a new one */
+static double take_u(kvl_sampler_t *s) {
+  if (!s->has_pending) return rng_uniform(s->rng);
+  s->has_pending = false;
+  return s->pending_u;
+}
+
 /* Step 8: a draw from cand[0..n) holding unnormalised probabilities that sum to sum;
  * -1 when sum is 0 (no RNG consumed then). */
 static int32_t draw(kvl_sampler_t *s, size_t n, double sum) {
   int32_t tok = -1;
   if (sum > 0) {
-    const double u = rng_uniform(s->rng) * sum;
+    const double u = take_u(s) * sum;
     double cum = 0;
     for (size_t i = 0; i < n; i++) {
       if (s->cand[i].v <= 0.0f) continue;
@@ -600,11 +609,27 @@ bool kvl_sampler_top_enough(const kvl_sampler_t *s) {
   return s->p.top_k > 0 && s->p.top_k <= KVL_LOGIT_TOP && s->p.top_k < s->n_vocab;
 }
 
+bool kvl_sampler_draw_enough(const kvl_sampler_t *s) {
+  return !s->greedy && s->p.n_bias == 0 && !s->track_ctx && !s->track_out &&
+         (s->p.top_k <= 0 || s->p.top_k >= s->n_vocab) && s->p.top_p >= 1.0f && s->p.min_p <= 0.0f;
+}
+
+void kvl_sampler_predraw(kvl_sampler_t *s, struct kvl_logit_top *t) {
+  KVL_ASSERT(kvl_sampler_draw_enough(s));
+  if (!s->has_pending) s->pending_u = rng_uniform(s->rng), s->has_pending = true;
+  t->temperature = s->p.temperature, t->u = s->pending_u;
+}
+
 int32_t kvl_sampler_sample_top(kvl_sampler_t *s, const struct kvl_logit_top *t, struct kvl_sample_info *info) {
-  KVL_ASSERT(s && t && kvl_sampler_top_enough(s));
+  const bool drawn = kvl_sampler_draw_enough(s);
+  KVL_ASSERT(s && t && (kvl_sampler_top_enough(s) || drawn));
   KVL_ASSERT(t->n == (s->n_vocab < KVL_LOGIT_TOP ? s->n_vocab : KVL_LOGIT_TOP));
   int32_t tok = -1;
-  if (s->greedy) {
+  if (drawn) { /* the device drew at the point kvl_sampler_predraw took */
+    KVL_ASSERT(s->has_pending && t->temperature == s->p.temperature && t->u == s->pending_u);
+    s->has_pending = false;
+    tok = t->drawn;
+  } else if (s->greedy) {
     if (t->n > 0 && t->val[0] > -INFINITY) tok = t->id[0];
   } else { /* the list truncate() sorts after its top-k, already sorted */
     const size_t k = (size_t)s->p.top_k;
@@ -619,7 +644,10 @@ int32_t kvl_sampler_sample_top(kvl_sampler_t *s, const struct kvl_logit_top *t, 
     info->logprob = NAN;
     info->rank = 0;
     info->n_top = 0;
-    if (s->p.logprobs) { /* every entry above tok's is in the summary, and the top N */
+    if (s->p.logprobs && drawn) { /* the drawn token's logit and rank came with it */
+      info->logprob = (float)((double)t->drawn_val - t->lse);
+      info->rank = t->drawn_rank;
+    } else if (s->p.logprobs) { /* every entry above tok's is in the summary */
       int j = 0;
       while (j < t->n - 1 && t->id[j] != tok) j++;
       KVL_ASSERT(t->id[j] == tok);
@@ -627,6 +655,8 @@ int32_t kvl_sampler_sample_top(kvl_sampler_t *s, const struct kvl_logit_top *t, 
       for (int i = 0; i < j; i++) above += t->val[i] > t->val[j];
       info->logprob = (float)((double)t->val[j] - t->lse);
       info->rank = 1 + above;
+    }
+    if (s->p.logprobs) { /* and the top N */
       info->n_top = s->p.top_logprobs < t->n ? s->p.top_logprobs : t->n;
       for (int i = 0; i < info->n_top; i++)
         info->top[i] = (struct kvl_token_logprob){t->id[i], (float)((double)t->val[i] - t->lse)};

@@ -28,7 +28,7 @@ struct kvl_backend_ops {
   void (*kv_put)(kvl_backend_t *be, const struct kvl_attn_args *a, const float *k, const float *v);
   /* optional (NULL, or false returned: kvl_logits_top answers false) */
   bool (*logits_top)(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
-                     struct kvl_logit_top *top, float *rows);
+                     const float *temperature, const double *u, struct kvl_logit_top *top, float *rows);
   /* optional, both or none (NULL: kvl_backend_host_register answers false) */
   bool (*host_register)(kvl_backend_t *be, void *p, size_t bytes);
   void (*host_unregister)(kvl_backend_t *be, void *p);

@@ -113,8 +113,9 @@ bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t)
 }
 
 bool kvl_logits_top(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
-                    struct kvl_logit_top *top, float *rows) {
-  return be->ops->logits_top && n_rows > 0 && be->ops->logits_top(be, logits, n_rows, n_vocab, full, top, rows);
+                    const float *temperature, const double *u, struct kvl_logit_top *top, float *rows) {
+  return be->ops->logits_top && n_rows > 0 &&
+         be->ops->logits_top(be, logits, n_rows, n_vocab, full, temperature, u, top, rows);
 }
 
 bool kvl_backend_host_register(kvl_backend_t *be, void *p, size_t bytes) {

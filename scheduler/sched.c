@@ -911,7 +911,8 @@ static bool cascade_due(struct req *r, float h, float lp) {
 /* whether r's next logits must come to the host whole: its sampler needs more than a
  * summary (kvl_sampler_top_enough), or a shadow compares the whole distribution */
 static bool full_row(const struct req *r) {
-  return !kvl_sampler_top_enough(r->sampler) || r->shadow_ref || (r->generated == 0 && r->usage.translated > 0 && r->cb);
+  return !(kvl_sampler_top_enough(r->sampler) || kvl_sampler_draw_enough(r->sampler)) || r->shadow_ref ||
+         (r->generated == 0 && r->usage.translated > 0 && r->cb);
 }
 
 static int step_model(kvl_sched_t *s, struct model *m) {
@@ -924,7 +925,7 @@ static int step_model(kvl_sched_t *s, struct model *m) {
   for (struct req *r = m->reqs; r; r = r->next) { order[k++] = r; r->in_batch = false; }
   qsort(order, (size_t)n, sizeof(*order), cmp_req);
 
-  int32_t budget = s->cfg.step_tokens, n_batch = 0, n_tok = 0;
+  int32_t budget = s->cfg.step_tokens, n_batch = 0, n_tok = 0, n_rows = 0;
   double t = now_ms();
   for (int pass = 0; pass < 2; pass++) {   /* pass 0: decoding requests; pass 1: prefill */
     for (int32_t i = 0; i < n && n_batch < s->cfg.max_seqs && budget > 0; i++) {
@@ -1002,7 +1003,13 @@ static int step_model(kvl_sched_t *s, struct model *m) {
         s->tok[n_tok] = r->seq[r->computed + j];
         s->pos[n_tok] = r->computed + j;
         s->seqi[n_tok] = n_batch;
-        s->want[n_tok] = r->computed + j == r->len - 1 ? (full_row(r) ? 1 : KVL_LOGITS_TOP) : 0;
+        const bool last = r->computed + j == r->len - 1;
+        s->want[n_tok] = last ? (full_row(r) ? 1 : KVL_LOGITS_TOP) : 0;
+        if (last) { /* its row of the summaries: a draw there for a sampler without truncation */
+          struct kvl_logit_top *t = &s->top[n_rows++];
+          t->temperature = 0, t->u = 0;
+          if (s->want[n_tok] == KVL_LOGITS_TOP && kvl_sampler_draw_enough(r->sampler)) kvl_sampler_predraw(r->sampler, t);
+        }
         n_tok++;
       }
       n_batch++;

@@ -117,7 +117,9 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
  * batch's logits are computed there (every token wants them: a decode step), such a row
  * gets top[r] with top[r].full = 0 and its logits row is left unwritten, so 528 bytes
  * cross instead of 4 x n_vocab. Every other row is written as by kvl_model_forward, with
- * top[r].full = 1 (always so on the CPU backend). */
+ * top[r].full = 1 (always so on the CPU backend). The caller sets top[r].temperature (and
+ * u) before: > 0 asks for a draw from the whole row at that temperature in the summary
+ * (struct kvl_logit_top), for a sampler without truncation. */
 #define KVL_LOGITS_TOP 2
 int kvl_model_forward_top(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch *b,
                           const struct kvl_kv_view *kv, float *logits, struct kvl_logit_top *top);

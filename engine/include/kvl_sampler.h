@@ -180,6 +180,20 @@ int32_t kvl_sampler_sample(kvl_sampler_t *s, const float *logits, struct kvl_sam
 struct kvl_logit_top;
 bool kvl_sampler_top_enough(const kvl_sampler_t *s);
 int32_t kvl_sampler_sample_top(kvl_sampler_t *s, const struct kvl_logit_top *t, struct kvl_sample_info *info);
+/* A sampler without truncation (temperature > 0, no top-k, top-p or min-p; no bias or
+ * penalty: kvl_sampler_draw_enough) draws from the whole row, so a summary serves it only
+ * with a draw made where the row is (struct kvl_logit_top's drawn, at the summary's
+ * temperature and u). kvl_sampler_predraw takes the uniform point of the next draw from
+ * the sequence's stream now (the same one, twice asked, until a draw uses it) and writes
+ * it and the temperature into the summary t the forward fills (kvl_model_forward_top);
+ * then either
+ * kvl_sampler_sample_top takes the drawn token, or kvl_sampler_sample on the whole row
+ * (where the backend sent the row) draws at that same point. Either way each token
+ * consumes one point of the stream, so a seed's sequence does not depend on the path; the
+ * token may differ between the two paths only where the point falls within rounding of a
+ * boundary between two tokens (the device's cumulative sums run in another order). */
+bool kvl_sampler_draw_enough(const kvl_sampler_t *s);
+void kvl_sampler_predraw(kvl_sampler_t *s, struct kvl_logit_top *t);
 
 /* The distribution kvl_sampler_sample would draw from for these logits, after every
  * step above: probs [n_vocab] (caller's storage) gets the renormalised probability of

@@ -758,7 +758,7 @@ static void cu_add(kvl_backend_t *be, float *h, const float *x, int64_t n) {
  * decode step's bracket only these reach the host at its end. KVL_CUDA_LOGITS_TOP=0
  * declines (every row crosses whole: A/B runs). */
 static bool cu_logits_top(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
-                          struct kvl_logit_top *top, float *rows) {
+                          const float *temperature, const double *u, struct kvl_logit_top *top, float *rows) {
   (void)be;
   static int on = -1;
   if (on < 0) on = !getenv("KVL_CUDA_LOGITS_TOP") || strcmp(getenv("KVL_CUDA_LOGITS_TOP"), "0") != 0;
@@ -767,9 +767,12 @@ static bool cu_logits_top(kvl_backend_t *be, const float *logits, int n_rows, in
   const size_t row_bytes = (size_t)n_vocab * sizeof(float);
   int n_full = 0;
   for (int r = 0; full && r < n_rows; r++) n_full += full[r] != 0;
-  struct dbuf b[3] = {d_in(logits, (size_t)n_rows * row_bytes), d_out(top, (size_t)n_rows * sizeof(*top), false),
-                      {NULL, false}};
-  kvl__cu_logits_top((const float *)b[0].d, n_rows, n_vocab, (struct kvl_logit_top *)b[1].d, S_.st);
+  struct dbuf b[5] = {d_in(logits, (size_t)n_rows * row_bytes), d_out(top, (size_t)n_rows * sizeof(*top), false),
+                      {NULL, false}, {NULL, false}, {NULL, false}}; /* 3, 4: the draws' temperatures and points */
+  if (temperature && u)
+    b[3] = d_small(temperature, (size_t)n_rows * sizeof(float)), b[4] = d_small(u, (size_t)n_rows * sizeof(double));
+  kvl__cu_logits_top((const float *)b[0].d, n_rows, n_vocab, (struct kvl_logit_top *)b[1].d, (const float *)b[3].d,
+                     (const double *)b[4].d, S_.st);
   if (n_full > 0) {
     b[2] = d_out(rows, (size_t)n_full * row_bytes, false);
     for (int r = 0, j = 0; r < n_rows; r++)
@@ -779,7 +782,7 @@ static bool cu_logits_top(kvl_backend_t *be, const float *logits, int n_rows, in
     d_result(b[2], rows, (size_t)n_full * row_bytes);
   }
   d_result(b[1], top, (size_t)n_rows * sizeof(*top));
-  d_done(b, 3);
+  d_done(b, 5);
   pthread_mutex_unlock(&S_.mu);
   return true;
 }

@@ -99,8 +99,10 @@ bool kvl__cu_qgemv_takes(uint32_t type, int64_t cols);
 void kvl__cu_qgemv(const void *w, uint32_t type, size_t row_bytes, const float *x, float *y, int rows, int cols,
                    int n_tokens, cudaStream_t st);
 
-/* The summaries of logits [n_rows][n_vocab] (kvl_logits_top_ref's, `full` untouched) */
-void kvl__cu_logits_top(const float *logits, int n_rows, int n_vocab, kvl_logit_top *top, cudaStream_t st);
+/* The summaries of logits [n_rows][n_vocab] (kvl_logits_top_ref's, `full` untouched), the
+ * draw of row r where temp (device, NULL: none) has temp[r] > 0, at u[r] */
+void kvl__cu_logits_top(const float *logits, int n_rows, int n_vocab, kvl_logit_top *top, const float *temp,
+                        const double *u, cudaStream_t st);
 
 KVL_CU_END
 

@@ -545,7 +545,7 @@ __device__ float block_max(float v) {
   return total;
 }
 
-__global__ void k_logits_top(const float *logits, int n, kvl_logit_top *top) {
+__global__ void k_logits_top(const float *logits, int n, kvl_logit_top *top, const float *temp, const double *u) {
   const float *x = logits + (int64_t)blockIdx.x * n;
   kvl_logit_top *o = top + blockIdx.x;
   const int k = n < KVL_LOGIT_TOP ? n : KVL_LOGIT_TOP, tid = threadIdx.x;
@@ -609,15 +609,67 @@ __global__ void k_logits_top(const float *logits, int n, kvl_logit_top *top) {
     for (int j = 0; j < k; j++) r += cv[j] > v || (cv[j] == v && cid[j] < id);
     o->val[r] = v, o->id[r] = id;
   }
+  const float T = temp ? temp[blockIdx.x] : 0.0f;
+  const double uu = u ? u[blockIdx.x] : 0.0;
   if (tid == 0) {
     o->n = k;
     o->lse = mx > -INFINITY ? (float)(mx + log(z)) : -INFINITY;
     o->entropy = mx > -INFINITY ? (float)(log(z) - ez / z) : 0.0f;
+    o->temperature = T, o->u = uu, o->drawn = -1, o->drawn_val = -INFINITY, o->drawn_rank = 0;
   }
+  if (!(T > 0.0f) || !(mx > -INFINITY)) return; /* the whole block */
+
+  /* the draw: each thread's chunk of consecutive ids summed in double, the chunks' prefix
+   * by one thread, then the chunk where u x sum falls walked in id order */
+  const float inv_t = 1.0f / T;
+  const int C = (n + (int)blockDim.x - 1) / (int)blockDim.x, lo = tid * C < n ? tid * C : n,
+            hi = lo + C < n ? lo + C : n;
+  double cs = 0;
+  for (int i = lo; i < hi; i++) cs += expf((clean_logit(x[i]) - mx) * inv_t);
+  __shared__ double pre[256];
+  __shared__ double target;
+  __shared__ int over; /* the last chunk with mass: takes a target that rounding put past the sum */
+  __shared__ int32_t drawn;
+  pre[tid] = cs;
+  __syncthreads();
+  if (tid == 0) {
+    double acc = 0;
+    int last = -1;
+    for (int t = 0; t < (int)blockDim.x; t++) {
+      const double c = pre[t];
+      pre[t] = acc;
+      acc += c;
+      if (c > 0) last = t;
+    }
+    target = uu * acc;
+    over = target >= acc ? last : -1;
+    drawn = -1;
+  }
+  __syncthreads();
+  if ((cs > 0 && pre[tid] <= target && target < pre[tid] + cs) || tid == over) {
+    double cum = pre[tid];
+    int32_t d = -1;
+    for (int i = lo; i < hi; i++) {
+      const float p = expf((clean_logit(x[i]) - mx) * inv_t);
+      if (p <= 0.0f) continue;
+      d = i; /* the chunk's last positive one, should rounding overrun */
+      cum += p;
+      if (target < cum) break;
+    }
+    drawn = d;
+  }
+  __syncthreads();
+  if (drawn < 0) return; /* cannot happen: mx is finite, so some p is 1 */
+  const float vt = clean_logit(x[drawn]);
+  double above = 0;
+  for (int i = tid; i < n; i += blockDim.x) above += clean_logit(x[i]) > vt;
+  above = block_sum(above);
+  if (tid == 0) o->drawn = drawn, o->drawn_val = vt, o->drawn_rank = 1 + (int32_t)above;
 }
 
-void kvl__cu_logits_top(const float *logits, int n_rows, int n_vocab, kvl_logit_top *top, cudaStream_t st) {
-  if (n_rows > 0 && n_vocab > 0) KVL_LAUNCH(k_logits_top, n_rows, 256, st, logits, n_vocab, top);
+void kvl__cu_logits_top(const float *logits, int n_rows, int n_vocab, kvl_logit_top *top, const float *temp,
+                        const double *u, cudaStream_t st) {
+  if (n_rows > 0 && n_vocab > 0) KVL_LAUNCH(k_logits_top, n_rows, 256, st, logits, n_vocab, top, temp, u);
 }
 
 /* ---- decode products on the GGUF blocks themselves (KVL_CUDA_QGEMV) ------------------

@@ -293,12 +293,25 @@ struct kvl_logit_top {
   float entropy; /* -sum_i p_i log p_i of softmax(l), nats */
   int32_t n;     /* entries in val/id: min(KVL_LOGIT_TOP, n_vocab) */
   int32_t full;  /* kvl_model_forward_top: nonzero when the row itself was written instead */
+  /* A draw from the whole row at a temperature, where asked (in: temperature > 0 and u in
+   * [0, 1)): with p_i = expf((l_i - max) / temperature), the first token, in id order,
+   * whose cumulative p passes u x sum p (the sampler's draw without truncation); the
+   * cumulative sums in double, in chunks of consecutive ids, so the device's may differ
+   * from the host's in the last bits (a different token only where u falls within
+   * rounding of a boundary). drawn -1 where not asked. */
+  float temperature; /* in */
+  int32_t drawn;     /* out: the token */
+  double u;          /* in */
+  float drawn_val;   /* out: its (cleaned) logit */
+  int32_t drawn_rank; /* out: 1 + the number of entries larger than it */
   float val[KVL_LOGIT_TOP];
   int32_t id[KVL_LOGIT_TOP];
 };
-/* The summary of one row of n_vocab logits, on the host (the reference). */
+/* The summary of one row of n_vocab logits, on the host (the reference); the draw where
+ * out->temperature > 0 (out->u read). */
 void kvl_logits_top_ref(const float *row, int n_vocab, struct kvl_logit_top *out);
-/* The summaries of logits [n_rows][n_vocab] into top[n_rows] (their `full` untouched), and
+/* The summaries of logits [n_rows][n_vocab] into top[n_rows] (their `full` untouched; the
+ * draw of row r where temperature[r] > 0, at u[r]: both NULL for none), and
  * the rows with full[r] nonzero (full NULL: none) copied, in order, to rows
  * [n_full][n_vocab], on a backend with a device, where within a begin/end bracket logits
  * may be the output head's result still there and top and rows are outputs as any op's.
@@ -306,7 +319,7 @@ void kvl_logits_top_ref(const float *row, int n_vocab, struct kvl_logit_top *out
  * the host already, and kvl_logits_top_ref summarises a row there), for n_rows 0, or where
  * the backend declines (CUDA with KVL_CUDA_LOGITS_TOP=0). */
 bool kvl_logits_top(kvl_backend_t *be, const float *logits, int n_rows, int n_vocab, const int8_t *full,
-                    struct kvl_logit_top *top, float *rows);
+                    const float *temperature, const double *u, struct kvl_logit_top *top, float *rows);
 
 /* Translation on a backend's own device (DESIGN.md "Translation"): what translator/ hands a
  * backend that has the op. Every target layer's K and V rows of the span are

@@ -127,7 +127,26 @@ void kvl_logits_top_ref(const float *row, int n_vocab, struct kvl_logit_top *out
   }
   out->n = N;
   out->lse = -INFINITY, out->entropy = 0;
+  out->drawn = -1, out->drawn_val = -INFINITY, out->drawn_rank = 0;
   if (mx == -INFINITY) return;
+  if (out->temperature > 0) { /* the draw: cumulative sums in double, in id order */
+    const float inv_t = 1.0f / out->temperature;
+    double sum = 0;
+    for (int i = 0; i < n_vocab; i++) sum += expf((clean_logit(row[i]) - mx) * inv_t);
+    const double target = out->u * sum;
+    double cum = 0;
+    for (int i = 0; i < n_vocab; i++) {
+      const float p = expf((clean_logit(row[i]) - mx) * inv_t);
+      if (p <= 0.0f) continue;
+      out->drawn = i; /* the last positive one, should rounding overrun */
+      cum += p;
+      if (target < cum) break;
+    }
+    out->drawn_val = clean_logit(row[out->drawn]);
+    int32_t above = 0;
+    for (int i = 0; i < n_vocab; i++) above += clean_logit(row[i]) > out->drawn_val;
+    out->drawn_rank = 1 + above;
+  }
   double z = 0, ez = 0;
   for (int i = 0; i < n_vocab; i++) {
     const double d = (double)clean_logit(row[i]) - mx;

@@ -662,7 +662,7 @@ static bool top_same(const struct kvl_logit_top *a, const struct kvl_logit_top *
 static void test_logits_top(void) {
   const int V = 151936, R = 4;
   float *lg = malloc((size_t)R * V * 4), *rows = malloc((size_t)R * V * 4);
-  struct kvl_logit_top top[4], ref;
+  struct kvl_logit_top top[4], ref = {.temperature = 0};
   unsigned long long r = 5;
   for (int i = 0; i < V; i++) {
     lg[i] = 3.0f * kvl_test_randf(&r) + (i % 1013 == 0 ? 5.0f : 0.0f);
@@ -675,7 +675,7 @@ static void test_logits_top(void) {
   const int8_t full[4] = {0, 1, 0, 1};
   static const char *what[4] = {"152k random", "152k on a grid (ties at the cut)", "NaN, +inf twice, -0",
                                 "nothing finite"};
-  CHECK(kvl_logits_top(cu, lg, R, V, full, top, rows));
+  CHECK(kvl_logits_top(cu, lg, R, V, full, NULL, NULL, top, rows));
   double gap = 0;
   for (int i = 0; i < R; i++) {
     kvl_logits_top_ref(lg + (size_t)i * V, V, &ref);
@@ -685,17 +685,35 @@ static void test_logits_top(void) {
     if (!ok) n_bad++;
     CHECK(ok);
   }
+  /* draws from the whole rows at a temperature: the same tokens, logits and ranks as the reference's */
+  const float temp[4] = {1.0f, 0.5f, 2.0f, 1.0f};
+  const double u[4] = {0.37, 0.999, 0.01, 0.5};
+  CHECK(kvl_logits_top(cu, lg, R, V, NULL, temp, u, top, NULL));
+  bool drew = true;
+  for (int i = 0; i < R; i++) {
+    ref.temperature = temp[i], ref.u = u[i];
+    kvl_logits_top_ref(lg + (size_t)i * V, V, &ref);
+    drew &= top[i].drawn == ref.drawn && top[i].drawn_rank == ref.drawn_rank &&
+            !memcmp(&top[i].drawn_val, &ref.drawn_val, 4) && top_same(&top[i], &ref, &gap);
+    printf("     logits_top %-40s drawn %d / %d, rank %d / %d\n", what[i], top[i].drawn, ref.drawn, top[i].drawn_rank,
+           ref.drawn_rank);
+  }
+  printf("%s logits_top %-40s\n", drew ? "ok  " : "FAIL", "draws at temperatures 1, 0.5, 2 (none: nothing finite)");
+  if (!drew) n_bad++;
+  CHECK(drew);
+  CHECK(top[3].drawn == -1);
+  ref.temperature = 0;
   const bool copied = !memcmp(rows, lg + V, (size_t)V * 4) && !memcmp(rows + V, lg + 3 * (size_t)V, (size_t)V * 4);
   printf("%s logits_top %-40s\n", copied ? "ok  " : "FAIL", "rows 1 and 3 copied whole, in order");
   if (!copied) n_bad++;
   CHECK(copied);
-  CHECK(kvl_logits_top(cu, lg + 2 * (size_t)V, 1, 40, NULL, top, NULL)); /* 40 entries of row 2 */
+  CHECK(kvl_logits_top(cu, lg + 2 * (size_t)V, 1, 40, NULL, NULL, NULL, top, NULL)); /* 40 entries of row 2 */
   kvl_logits_top_ref(lg + 2 * (size_t)V, 40, &ref);
   const bool narrow = top_same(&top[0], &ref, &gap);
   printf("%s logits_top %-40s %d entries\n", narrow ? "ok  " : "FAIL", "a vocabulary of 40", top[0].n);
   if (!narrow) n_bad++;
   CHECK(narrow);
-  CHECK(!kvl_logits_top(kvl_backend_cpu(), lg, 1, V, NULL, top, NULL)); /* the CPU has no such op */
+  CHECK(!kvl_logits_top(kvl_backend_cpu(), lg, 1, V, NULL, NULL, NULL, top, NULL)); /* the CPU has no such op */
   free(lg), free(rows);
 
   /* a decode step of three sequences, rows 0 and 2 asking for the summary */
@@ -720,7 +738,7 @@ static void test_logits_top(void) {
   const int32_t *tabs[3] = {kvl_line_block_table(ln[0]), kvl_line_block_table(ln[1]), kvl_line_block_table(ln[2])};
   struct kvl_kv_view kv = {kvl_pool_layout(p), kvl_pool_base(p), tabs, kvl_pool_stamps(p), kvl_pool_hot_blocks(p)};
   const int8_t want[2][3] = {{1, 1, 1}, {KVL_LOGITS_TOP, 1, KVL_LOGITS_TOP}};
-  struct kvl_logit_top t3[2][3];
+  struct kvl_logit_top t3[2][3] = {0}; /* no draws */
   unsigned long long out[2];
   for (int c = 0; c < 2; c++) { /* the same step twice: it rewrites the same rows */
     struct kvl_batch b = {3, tok, pos, seq, want[c]};

@@ -56,6 +56,21 @@ def main():
         check(o_top < o_whole, f"c=4: {o_top:.2f} KiB out per token with the logits summarised, {o_whole:.2f} whole")
         check(whole.get("generated_tokens") == 128 and whole.get("tokens_digest", "a") == rows.get(4, {}).get("tokens_digest", "b"),
               "c=4: the same tokens either way")
+        # sampling at a temperature, from the whole distribution: the device draws (the scheduler takes
+        # the point of each draw from the stream in advance), or the row comes whole; the same tokens
+        dig = {}
+        for top in ("1", "0"):
+            o = os.path.join(d, f"outT{top}")
+            rt = subprocess.run([exe, "-m", model, "--backend", "cuda-sim", "-c", "4", "-n", "32", "--temperature", "1",
+                                 "--out", o], capture_output=True, text=True, env=dict(env, KVL_CUDA_LOGITS_TOP=top))
+            x = json.load(open(os.path.join(o, "gen-throughput.json")))["results"][0] if rt.returncode == 0 else {}
+            check(x.get("generated_tokens") == 128 and x.get("temperature") == 1,
+                  f"temperature 1, KVL_CUDA_LOGITS_TOP={top}: 128 tokens (rc {rt.returncode}, {x.get('generated_tokens')})")
+            dig[top] = (x.get("tokens_digest"), x.get("device_kib_out_per_token", 0))
+        check(dig["1"][0] is not None and dig["1"][0] == dig["0"][0],
+              f"temperature 1: the same tokens drawn on the device and from whole rows ({dig})")
+        check(dig["1"][1] < dig["0"][1], f"temperature 1: {dig['1'][1]:.2f} KiB out per token drawn on the device, "
+              f"{dig['0'][1]:.2f} with whole rows")
         check(rows.get(4, {}).get("prefix_hit_rate", 0) > 0,
               f"c=4: prompts shared the prefix cache (hit rate {rows.get(4, {}).get('prefix_hit_rate')})")
     print(f"{check.failed} failed")

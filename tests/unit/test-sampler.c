@@ -530,6 +530,42 @@ static void test_summary(void) {
     CHECK(worst_lp <= 1e-5);
     kvl_sampler_free(sf), kvl_sampler_free(st);
   }
+
+  /* without truncation: a draw made with the summary (the reference's, at the point the
+   * sampler took in advance), and the whole row drawn at a point taken in advance: the
+   * same tokens and info as the plain path, one point of the stream per token */
+  struct { float T; int top_lp; } cd[] = {{1.0f, 0}, {0.7f, 5}, {1.5f, 20}};
+  for (size_t ci = 0; ci < sizeof(cd) / sizeof(cd[0]); ci++) {
+    struct kvl_sampler_params p = seeded(50 + ci);
+    p.temperature = cd[ci].T, p.logprobs = true, p.top_logprobs = cd[ci].top_lp;
+    kvl_sampler_t *sf = mk(&p, V, 0), *st = mk(&p, V, 0), *sp = mk(&p, V, 0);
+    CHECK(kvl_sampler_draw_enough(st) && !kvl_sampler_top_enough(st));
+    int same = 0, steps = 30;
+    double worst_lp = 0;
+    for (int step = 0; step < steps; step++) {
+      for (int i = 0; i < V; i++) lg[i] = 2.0f * kvl_test_randf(&r) + (i % 4099 == step ? 6.0f : 0.0f);
+      struct kvl_logit_top tt, tp;
+      kvl_sampler_predraw(st, &tt);
+      kvl_sampler_predraw(st, &tt); /* twice asked: the same point */
+      kvl_logits_top_ref(lg, V, &tt);
+      kvl_sampler_predraw(sp, &tp);
+      struct kvl_sample_info a, b, c;
+      int32_t ta = kvl_sampler_sample(sf, lg, &a), tb = kvl_sampler_sample_top(st, &tt, &b);
+      int32_t tc = kvl_sampler_sample(sp, lg, &c);
+      bool ok = ta == tb && ta == tc && a.rank == b.rank && a.n_top == b.n_top && a.rank == c.rank;
+      worst_lp = fmax(worst_lp, fabs(a.logprob - b.logprob));
+      for (int j = 0; j < a.n_top && ok; j++) {
+        ok = a.top[j].token == b.top[j].token;
+        worst_lp = fmax(worst_lp, fabs(a.top[j].logprob - b.top[j].logprob));
+      }
+      same += ok;
+    }
+    if (same != steps || worst_lp > 1e-5)
+      fprintf(stderr, "draw case %zu: %d of %d steps agree, max |d logprob| %g\n", ci, same, steps, worst_lp);
+    CHECK_EQ_INT(same, steps);
+    CHECK(worst_lp <= 1e-5);
+    kvl_sampler_free(sf), kvl_sampler_free(st), kvl_sampler_free(sp);
+  }
 }
 
 /* ---- penalties and bias, exactly ------------------------------------------------- */
