@@ -115,7 +115,7 @@ int kvl_model_forward(kvl_model_t *m, kvl_backend_t *be, const struct kvl_batch 
  * of its row only (struct kvl_logit_top: the 64 largest logits, the log-partition, the
  * entropy); where the backend summarises on its device (kvl_logits_top) and the whole
  * batch's logits are computed there (every token wants them: a decode step), such a row
- * gets top[r] with top[r].full = 0 and its logits row is left unwritten, so 528 bytes
+ * gets top[r] with top[r].full = 0 and its logits row is left unwritten, so 552 bytes
  * cross instead of 4 x n_vocab. Every other row is written as by kvl_model_forward, with
  * top[r].full = 1 (always so on the CPU backend). The caller sets top[r].temperature (and
  * u) before: > 0 asks for a draw from the whole row at that temperature in the summary

@@ -281,7 +281,7 @@ void kvl_backend_host_unregister(kvl_backend_t *be, void *p);
 bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t);
 
 /* A row of logits summarised for sampling, so that a decode step's logits can stay on a
- * device and only this crosses (528 bytes instead of 4 x n_vocab): the row's
+ * device and only this crosses (552 bytes instead of 4 x n_vocab): the row's
  * KVL_LOGIT_TOP largest entries, its log-partition and its entropy. The entries are
  * taken as the sampler takes logits: NaN as -inf, +inf as FLT_MAX; val holds them so
  * cleaned (-0 kept), the order is descending with the lower id first on ties (-0 and +0
