@@ -4,9 +4,9 @@
  *
  * Costs per token on V logits: greedy without bias or penalties is one argmax pass; the
  * general path is one copy pass, one max pass, one exp pass and a draw pass; top-k adds
- * a radix selection (a few O(V) passes) and a sort of the k kept; top-p adds a histogram of probability
- * mass and sorts only the tokens of the one bucket where the cut falls. Nothing ever
- * sorts the vocabulary. Log-probs add a top-N pass and an exp pass over the raw logits.
+ * a radix selection (a few O(V) passes) and a sort of the k kept; top-p adds a histogram
+ * of probability mass and sorts only the tokens of the one bucket where the cut falls.
+ * Nothing ever sorts the vocabulary. Log-probs add a top-N pass and an exp pass over the raw logits.
  */
 #include "kvl_sampler.h"
 
@@ -621,8 +621,9 @@ void kvl_sampler_predraw(kvl_sampler_t *s, struct kvl_logit_top *t) {
 }
 
 int32_t kvl_sampler_sample_top(kvl_sampler_t *s, const struct kvl_logit_top *t, struct kvl_sample_info *info) {
+  KVL_ASSERT(s && t);
   const bool drawn = kvl_sampler_draw_enough(s);
-  KVL_ASSERT(s && t && (kvl_sampler_top_enough(s) || drawn));
+  KVL_ASSERT(kvl_sampler_top_enough(s) || drawn);
   KVL_ASSERT(t->n == (s->n_vocab < KVL_LOGIT_TOP ? s->n_vocab : KVL_LOGIT_TOP));
   int32_t tok = -1;
   if (drawn) { /* the device drew at the point kvl_sampler_predraw took */

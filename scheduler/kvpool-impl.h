@@ -75,7 +75,7 @@ struct kvl_pool {
   uint8_t *hot_mem, *cold_mem;
   size_t hot_mapped;              /* hot_mem's size for kvl_huge_free */
   kvl_backend_t *pinned_by;       /* kvl_pool_pin's backend, or NULL */
-  bool hot_pinned, cold_pinned;
+  bool hot_pinned;
   int32_t n_hot, n_cold;
   int32_t *hot_owner, *cold_owner; /* slot -> handle or NONE */
   int32_t *hot_free, *cold_free;   /* stacks of free slots */

@@ -374,7 +374,6 @@ void kvl_pool_free(kvl_pool_t *p) {
   kvl__io_stop(&p->io); /* its reads land in hot slots: stop it before the arena goes */
   if (p->hot_mem) kvl_kv_pool_gone(p->hot_mem); /* a device's copy of the arena goes with it */
   if (p->hot_pinned) kvl_backend_host_unregister(p->pinned_by, p->hot_mem);
-  if (p->cold_pinned) kvl_backend_host_unregister(p->pinned_by, p->cold_mem);
   kvl_huge_free(p->hot_mem, p->hot_mapped);
   free(p->cold_mem);
   free(p->hot_owner);
@@ -391,12 +390,11 @@ void kvl_pool_free(kvl_pool_t *p) {
   free(p);
 }
 
-int kvl_pool_pin(kvl_pool_t *p, kvl_backend_t *be) {
+bool kvl_pool_pin(kvl_pool_t *p, kvl_backend_t *be) {
   KVL_ASSERT(!p->pinned_by);
   p->pinned_by = be;
   p->hot_pinned = kvl_backend_host_register(be, p->hot_mem, (size_t)p->n_hot * p->bb);
-  p->cold_pinned = p->cold_mem && kvl_backend_host_register(be, p->cold_mem, (size_t)p->n_cold * p->bb);
-  return (int)p->hot_pinned + (int)p->cold_pinned;
+  return p->hot_pinned;
 }
 
 void *kvl_pool_base(kvl_pool_t *p) { return p->hot_mem; }

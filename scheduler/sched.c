@@ -160,7 +160,8 @@ void kvl_sched_free(kvl_sched_t *s) {
   }
   conv_free_all(s);
   for (int i = 0; i < s->n_models; i++) kvl_pool_free(s->models[i].pool);
-  free(s->tok); free(s->pos); free(s->seqi); free(s->want); free(s->tables); free(s->batch); free(s->logits); free(s->top);
+  free(s->tok); free(s->pos); free(s->seqi); free(s->want); free(s->tables); free(s->batch); free(s->logits);
+  free(s->top);
   free(s);
 }
 
@@ -794,11 +795,17 @@ static void uncertainty(const float *l, int32_t n, int32_t tok, float *h, float 
   *lp = (float)((double)l[tok] - mx - lz);
 }
 
-/* the same from a row's summary (tok is in it: the sampler chose it from there) */
+/* the same from a row's summary: tok was drawn there (its logit came with it), or chosen
+ * from its largest entries */
 static void uncertainty_top(const struct kvl_logit_top *t, int32_t tok, float *h, float *lp) {
+  *h = t->entropy;
+  if (t->temperature > 0 && t->drawn == tok) {
+    *lp = (float)((double)t->drawn_val - t->lse);
+    return;
+  }
   int j = 0;
   while (j < t->n - 1 && t->id[j] != tok) j++;
-  *h = t->entropy;
+  KVL_ASSERT(t->id[j] == tok);
   *lp = (float)((double)t->val[j] - t->lse);
 }
 
@@ -909,7 +916,8 @@ static bool cascade_due(struct req *r, float h, float lp) {
 }
 
 /* whether r's next logits must come to the host whole: its sampler needs more than a
- * summary (kvl_sampler_top_enough), or a shadow compares the whole distribution */
+ * summary or a draw made with it (kvl_sampler_top_enough, kvl_sampler_draw_enough), or a
+ * shadow compares the whole distribution */
 static bool full_row(const struct req *r) {
   return !(kvl_sampler_top_enough(r->sampler) || kvl_sampler_draw_enough(r->sampler)) || r->shadow_ref ||
          (r->generated == 0 && r->usage.translated > 0 && r->cb);
@@ -1008,7 +1016,8 @@ static int step_model(kvl_sched_t *s, struct model *m) {
         if (last) { /* its row of the summaries: a draw there for a sampler without truncation */
           struct kvl_logit_top *t = &s->top[n_rows++];
           t->temperature = 0, t->u = 0;
-          if (s->want[n_tok] == KVL_LOGITS_TOP && kvl_sampler_draw_enough(r->sampler)) kvl_sampler_predraw(r->sampler, t);
+          if (s->want[n_tok] == KVL_LOGITS_TOP && kvl_sampler_draw_enough(r->sampler))
+            kvl_sampler_predraw(r->sampler, t);
         }
         n_tok++;
       }

@@ -85,12 +85,13 @@ struct kvl_pool_stats {
 int kvl_pool_new(const struct kvl_pool_config *c, kvl_pool_t **out);
 /* Frees the pool; every line must have been freed first (asserted). */
 void kvl_pool_free(kvl_pool_t *p);
-/* Pin the pool's hot and cold arenas for the backend that computes on it
- * (kvl_backend_host_register): a device backend's copies of blocks — a restored block's
- * upload, a translation's target coming back — then run asynchronously from pinned
- * memory. Kept until kvl_pool_free. Returns how many of the two arenas (the cold one only
- * where the pool has one) were pinned: 0 on the CPU backend. Call once. */
-int kvl_pool_pin(kvl_pool_t *p, kvl_backend_t *be);
+/* Pin the pool's hot arena for the backend that computes on it (kvl_backend_host_register):
+ * every copy of blocks between it and a device — a restored or host-written block's
+ * upload, a translation's target coming back — then runs asynchronously from pinned
+ * memory. The cold arena is not pinned: no device copies from it (a restore copies the
+ * block into a hot slot on the host first), so it would only lock memory. Kept until
+ * kvl_pool_free. Returns whether it was pinned (false on the CPU backend). Call once. */
+bool kvl_pool_pin(kvl_pool_t *p, kvl_backend_t *be);
 /* The hot arena, as the forward's kvl_kv_view.base. */
 void *kvl_pool_base(kvl_pool_t *p);
 const struct kvl_kv_layout *kvl_pool_layout(const kvl_pool_t *p);
