@@ -553,6 +553,14 @@ static void fill_logprobs(const kvl_sampler_t *s, const float *logits, int32_t t
 
 /* ---- sampling -------------------------------------------------------------------- */
 
+/* info for tok, before any log-probs */
+static void info_reset(struct kvl_sample_info *info, int32_t tok) {
+  info->token = tok;
+  info->logprob = NAN;
+  info->rank = 0;
+  info->n_top = 0;
+}
+
 /* the next uniform draw of this sequence: the one kvl_sampler_predraw took, else a new one */
 static double take_u(kvl_sampler_t *s) {
   if (!s->has_pending) return rng_uniform(s->rng);
@@ -594,10 +602,7 @@ int32_t kvl_sampler_sample(kvl_sampler_t *s, const float *logits, struct kvl_sam
   }
   if (tok < 0) return KVL_ERANGE;
   if (info) {
-    info->token = tok;
-    info->logprob = NAN;
-    info->rank = 0;
-    info->n_top = 0;
+    info_reset(info, tok);
     if (s->p.logprobs) fill_logprobs(s, logits, tok, info);
   }
   return tok;
@@ -641,10 +646,7 @@ int32_t kvl_sampler_sample_top(kvl_sampler_t *s, const struct kvl_logit_top *t, 
   }
   if (tok < 0) return KVL_ERANGE;
   if (info) {
-    info->token = tok;
-    info->logprob = NAN;
-    info->rank = 0;
-    info->n_top = 0;
+    info_reset(info, tok);
     if (s->p.logprobs && drawn) { /* the drawn token's logit and rank came with it */
       info->logprob = (float)((double)t->drawn_val - t->lse);
       info->rank = t->drawn_rank;

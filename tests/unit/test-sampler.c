@@ -466,6 +466,17 @@ static void check_summary(const float *row, int V, const char *what) {
   free(all);
 }
 
+/* the same rank and top tokens; the largest log-prob gap so far in *worst */
+static bool same_info(const struct kvl_sample_info *a, const struct kvl_sample_info *b, double *worst) {
+  bool ok = a->rank == b->rank && a->n_top == b->n_top;
+  *worst = fmax(*worst, fabs(a->logprob - b->logprob));
+  for (int j = 0; j < a->n_top && ok; j++) {
+    ok = a->top[j].token == b->top[j].token;
+    *worst = fmax(*worst, fabs(a->top[j].logprob - b->top[j].logprob));
+  }
+  return ok;
+}
+
 static void test_summary(void) {
   enum { V = 151936 };
   static float lg[V];
@@ -516,13 +527,7 @@ static void test_summary(void) {
       kvl_logits_top_ref(lg, V, &t);
       struct kvl_sample_info a, b;
       int32_t ta = kvl_sampler_sample(sf, lg, &a), tb = kvl_sampler_sample_top(st, &t, &b);
-      bool ok = ta == tb && a.rank == b.rank && a.n_top == b.n_top;
-      worst_lp = fmax(worst_lp, fabs(a.logprob - b.logprob));
-      for (int j = 0; j < a.n_top && ok; j++) {
-        ok = a.top[j].token == b.top[j].token;
-        worst_lp = fmax(worst_lp, fabs(a.top[j].logprob - b.top[j].logprob));
-      }
-      same += ok;
+      same += ta == tb && same_info(&a, &b, &worst_lp);
     }
     if (same != steps || worst_lp > 1e-5)
       fprintf(stderr, "summary case %zu: %d of %d steps agree, max |d logprob| %g\n", ci, same, steps, worst_lp);
@@ -552,13 +557,7 @@ static void test_summary(void) {
       struct kvl_sample_info a, b, c;
       int32_t ta = kvl_sampler_sample(sf, lg, &a), tb = kvl_sampler_sample_top(st, &tt, &b);
       int32_t tc = kvl_sampler_sample(sp, lg, &c);
-      bool ok = ta == tb && ta == tc && a.rank == b.rank && a.n_top == b.n_top && a.rank == c.rank;
-      worst_lp = fmax(worst_lp, fabs(a.logprob - b.logprob));
-      for (int j = 0; j < a.n_top && ok; j++) {
-        ok = a.top[j].token == b.top[j].token;
-        worst_lp = fmax(worst_lp, fabs(a.top[j].logprob - b.top[j].logprob));
-      }
-      same += ok;
+      same += ta == tb && ta == tc && same_info(&a, &b, &worst_lp) && same_info(&a, &c, &worst_lp);
     }
     if (same != steps || worst_lp > 1e-5)
       fprintf(stderr, "draw case %zu: %d of %d steps agree, max |d logprob| %g\n", ci, same, steps, worst_lp);
