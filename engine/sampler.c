@@ -335,11 +335,6 @@ int kvl_sampler_accept(kvl_sampler_t *s, int32_t token) {
 
 /* ---- selection ------------------------------------------------------------------- */
 
-/* NaN -> -inf, +inf -> FLT_MAX: every later subtraction stays defined. */
-static inline float clean(float x) {
-  if (x != x) return -INFINITY;
-  return x > FLT_MAX ? FLT_MAX : x;
-}
 
 static inline void swap_cand(struct cand *a, struct cand *b) {
   struct cand t = *a;
@@ -440,7 +435,8 @@ static bool plain_greedy(const kvl_sampler_t *s) {
 static void load(kvl_sampler_t *s, const float *logits) {
   struct cand *c = s->cand;
   const int V = s->n_vocab;
-  for (int i = 0; i < V; i++) c[i] = (struct cand){clean(logits[i]), i};
+  /* NaN -> -inf, +inf -> FLT_MAX: every later subtraction stays defined */
+  for (int i = 0; i < V; i++) c[i] = (struct cand){kvl_logit_clean(logits[i]), i};
   for (int i = 0; i < s->p.n_bias; i++) {
     struct cand *e = &c[s->bias[i].token];
     e->v = fminf(e->v + s->bias[i].bias, FLT_MAX);
@@ -528,18 +524,18 @@ static void fill_logprobs(const kvl_sampler_t *s, const float *logits, int32_t t
   int nt = 0;
   float vmax = -INFINITY;
   for (int i = 0; i < V; i++) { /* max and the N largest, earlier ids first on ties */
-    float v = clean(logits[i]);
+    float v = kvl_logit_clean(logits[i]);
     vmax = v > vmax ? v : vmax;
     if (N == 0 || (nt == N && !(v > top[N - 1].v))) continue;
     int j = nt < N ? nt++ : N - 1;
     while (j > 0 && top[j - 1].v < v) { top[j] = top[j - 1]; j--; }
     top[j] = (struct cand){v, i};
   }
-  const float vt = clean(logits[tok]);
+  const float vt = kvl_logit_clean(logits[tok]);
   double sum = 0;
   int32_t above = 0;
   for (int i = 0; i < V; i++) {
-    float v = clean(logits[i]);
+    float v = kvl_logit_clean(logits[i]);
     sum += expf(v - vmax);
     above += v > vt;
   }

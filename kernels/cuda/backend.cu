@@ -166,8 +166,8 @@ static void wait_stream(void);
  * free again at the next wait for the stream (everything queued before it has run), so an
  * upload that finds the ring full waits (counted). Larger ones (weights, a pool's blocks
  * at depth) come from pageable memory. */
-/* ---- pinned host memory: the staging ring, the K/V rows' buffer, and ranges registered
- * with kvl_backend_host_register (a pool's arenas: kvl_pool_pin) ---------------------- */
+/* ---- pinned host memory other than the staging ring: the K/V rows' buffer (cudaMallocHost
+ * at start) and ranges registered with kvl_backend_host_register (kvl_pool_pin) -------- */
 enum { N_HREG = 32 };
 static struct {
   char *p;
@@ -199,10 +199,8 @@ static void to_dev(void *d, const void *h, size_t bytes) {
   T_.copies_in++, T_.bytes_in += bytes;
 }
 
-static bool kp_buf_holds(const void *h, size_t n);
-
 static void to_host(void *h, const void *d, size_t bytes) {
-  if (!in_hreg(h, bytes) && !kp_buf_holds(h, bytes)) T_.bytes_pageable += bytes;
+  if (!in_hreg(h, bytes)) T_.bytes_pageable += bytes;
   KVL_CK(cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, S_.st));
   T_.copies_out++, T_.bytes_out += bytes;
 }
@@ -390,8 +388,10 @@ static uint64_t ks_clock;
 /* the device copy of the small array [h, h + n): a dbuf the op does not free */
 static struct dbuf d_small(const void *h, size_t n) {
   if (n == 0 || n > KSMALL_MAX) return {(char *)upload(h, n), true};
-  uint64_t hash = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; i++) hash = (hash ^ ((const unsigned char *)h)[i]) * 0x100000001b3ull;
+  uint64_t hash = 0xcbf29ce484222325ull, w; /* FNV-style over 8-byte words: a filter, memcmp decides */
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) memcpy(&w, (const char *)h + i, 8), hash = (hash ^ w) * 0x100000001b3ull;
+  for (; i < n; i++) hash = (hash ^ ((const unsigned char *)h)[i]) * 0x100000001b3ull;
   struct ksmall *victim = &KS_[0];
   for (int i = 0; i < N_KSMALL; i++) {
     struct ksmall *e = &KS_[i];
@@ -439,10 +439,6 @@ static struct {
   struct kv_pend *p;
   int n, n_cap;
 } KP_;
-
-static bool kp_buf_holds(const void *h, size_t n) {
-  return KP_.buf && (const char *)h >= KP_.buf && (const char *)h + n <= KP_.buf + KP_.cap;
-}
 
 /* the queued rows' copy to the pinned buffer, queued on the stream (not waited for) */
 static void kv_pend_fetch(void) {
@@ -1463,6 +1459,8 @@ static void init(void) {
   if (cudaMallocHost((void **)&KP_.buf, KP_.cap) != cudaSuccess) { /* the rows then stored per layer */
     (void)cudaGetLastError();
     KP_.buf = NULL, KP_.cap = 0;
+  } else { /* pinned: its copies count as such (in_hreg) */
+    HR_[n_hreg].p = KP_.buf, HR_[n_hreg].n = KP_.cap, n_hreg++;
   }
   pthread_mutex_init(&S_.mu, NULL);
   snprintf(be_name, sizeof(be_name), "cuda:%d (%.256s, compute %d.%d, %zu MiB arena)", S_.device, prop.name, prop.major,

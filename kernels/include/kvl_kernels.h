@@ -288,6 +288,11 @@ bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t)
  * tie), and of tied entries at the cut the lower ids are kept. lse and entropy sum in
  * double over the whole row; a row without a finite entry has lse -inf, entropy 0. */
 #define KVL_LOGIT_TOP 64
+/* a logit as the sampler and the summaries take it: NaN -> -inf, +inf -> FLT_MAX */
+static inline float kvl_logit_clean(float x) { /* (builtins: this header pulls in no math.h) */
+  if (x != x) return -__builtin_inff();
+  return x > __FLT_MAX__ ? __FLT_MAX__ : x;
+}
 struct kvl_logit_top {
   float lse;     /* log sum_i exp(l_i): l_i - lse is log_softmax(l)_i */
   float entropy; /* -sum_i p_i log p_i of softmax(l), nats */

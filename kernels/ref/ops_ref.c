@@ -104,18 +104,12 @@ void kvl_attention_ref(const struct kvl_attn_args *a) {
   free(sc);
 }
 
-/* NaN -> -inf, +inf -> FLT_MAX (the sampler's rule) */
-static inline float clean_logit(float x) {
-  if (x != x) return -INFINITY;
-  return x > FLT_MAX ? FLT_MAX : x;
-}
-
 void kvl_logits_top_ref(const float *row, int n_vocab, struct kvl_logit_top *out) {
   const int N = n_vocab < KVL_LOGIT_TOP ? n_vocab : KVL_LOGIT_TOP;
   float mx = -INFINITY;
   int nt = 0;
   for (int i = 0; i < n_vocab; i++) { /* the max, and the N largest by insertion (lower ids first on ties) */
-    const float v = clean_logit(row[i]);
+    const float v = kvl_logit_clean(row[i]);
     mx = v > mx ? v : mx;
     if (nt == N && !(v > out->val[N - 1])) continue;
     int j = nt < N ? nt++ : N - 1;
@@ -132,24 +126,24 @@ void kvl_logits_top_ref(const float *row, int n_vocab, struct kvl_logit_top *out
   if (out->temperature > 0) { /* the draw: cumulative sums in double, in id order */
     const float inv_t = 1.0f / out->temperature;
     double sum = 0;
-    for (int i = 0; i < n_vocab; i++) sum += expf((clean_logit(row[i]) - mx) * inv_t);
+    for (int i = 0; i < n_vocab; i++) sum += expf((kvl_logit_clean(row[i]) - mx) * inv_t);
     const double target = out->u * sum;
     double cum = 0;
     for (int i = 0; i < n_vocab; i++) {
-      const float p = expf((clean_logit(row[i]) - mx) * inv_t);
+      const float p = expf((kvl_logit_clean(row[i]) - mx) * inv_t);
       if (p <= 0.0f) continue;
       out->drawn = i; /* the last positive one, should rounding overrun */
       cum += p;
       if (target < cum) break;
     }
-    out->drawn_val = clean_logit(row[out->drawn]);
+    out->drawn_val = kvl_logit_clean(row[out->drawn]);
     int32_t above = 0;
-    for (int i = 0; i < n_vocab; i++) above += clean_logit(row[i]) > out->drawn_val;
+    for (int i = 0; i < n_vocab; i++) above += kvl_logit_clean(row[i]) > out->drawn_val;
     out->drawn_rank = 1 + above;
   }
   double z = 0, ez = 0;
   for (int i = 0; i < n_vocab; i++) {
-    const double d = (double)clean_logit(row[i]) - mx;
+    const double d = (double)kvl_logit_clean(row[i]) - mx;
     if (d == -INFINITY) continue;
     const double e = exp(d);
     z += e, ez += e * d;
