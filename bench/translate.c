@@ -14,11 +14,14 @@
  * (kvl_translator_use_bf16), or both (default); each row says which ("precision"), and a
  * bf16 row gives its target cache's relative RMS difference to the fp32 one.
  *
- * --backend cuda: kvl_translator_apply_on the CUDA backend, twice: host pools in, host pool
- * out, the copies in the time (precision "cuda-bf16"); then with the pools kept on the
- * device as the scheduler's are (write stamps: the source read in place, the target
+ * --backend cuda: kvl_translator_apply_on the CUDA backend, three times: host pools in,
+ * host pool out, the copies in the time (precision "cuda-bf16"); then with the pools kept
+ * on the device as the scheduler's are (write stamps: the source read in place, the target
  * written in place and copied to the host; "cuda-bf16-kept", whose target cache should
- * equal the staged one: rel_rms_vs_staged). --shapes: no model files: the pair's
+ * equal the staged one: rel_rms_vs_staged); then kept and pinned, as the scheduler's pools
+ * also are ("cuda-bf16-kept-pinned": the target's whole blocks come back on a second
+ * stream after the call returns; the value is the call's time, "landed_ms" until the
+ * target is on the host, kvl_backend_host_sync). --shapes: no model files: the pair's
  * fingerprints, KV layouts and RoPEs from their known shapes (for a machine without the
  * models, e.g. a lent GPU; random maps then).
  */
@@ -112,8 +115,9 @@ int main(int argc, char **argv) {
              "Qwen2.5-Coder pair; writes DIR/translate.json and .md. --precision: the products in\n"
              "fp32, in bf16 (kvl_translator_use_bf16; where the processor can), or both (default;\n"
              "the bf16 rows then carry their output's relative RMS difference to the fp32 one).\n"
-             "--backend cuda: translate on the CUDA backend, pools staged (copies in and out included)\n"
-             "and kept on the device (the scheduler's way: the target still copied out).\n"
+             "--backend cuda: translate on the CUDA backend, pools staged (copies in and out included),\n"
+             "kept on the device (the target still copied out), and kept and pinned (the scheduler's\n"
+             "way: the target's whole blocks come back after the call; landed_ms: until they have).\n"
              "--shapes: without the model files: the pair's shapes and random maps.\n");
       return 0;
     default: return 2;
@@ -203,9 +207,18 @@ int main(int argc, char **argv) {
       for (int32_t b = 0; b < 2 * nb; b++) stamps[b] = kvl_kv_stamp_new();
       const size_t dbytes = (size_t)nb * kvl_kv_block_bytes(&ld);
       uint16_t *ref = NULL; /* the fp32 products' target cache, to compare the bf16 one with */
-      for (int prec = 0; prec < 2; prec++) {
+      /* --backend cuda's third pass: kept and pinned, as the scheduler's pools are: the
+       * target's whole blocks come back on a second stream after the call returns; the
+       * time is the call's, "landed_ms" until they are on the host (kvl_backend_host_sync) */
+      bool pin_s = false, pin_d = false;
+      for (int prec = 0; prec < (cuda ? 3 : 2); prec++) {
         if (cuda && prec == 1) /* the device's own precision, staged then kept */
           sp.src_stamps = stamps, sp.dst_stamps = stamps + nb, sp.src_blocks = sp.dst_blocks = nb;
+        if (cuda && prec == 2) {
+          pin_s = kvl_backend_host_register(be, ps, (size_t)nb * kvl_kv_block_bytes(&ls));
+          pin_d = kvl_backend_host_register(be, pd, dbytes);
+          if (!pin_s || !pin_d) break;
+        }
         if (!cuda && ((prec == 0 && !strcmp(precision, "bf16")) || (prec == 1 && !strcmp(precision, "fp32")))) continue;
         if (prec == 1 && !cuda && kvl_translator_use_bf16(t, true, err, sizeof(err)) < 0) {
           fprintf(stderr, "bench-translate: bf16: %s\n", err);
@@ -216,6 +229,7 @@ int main(int argc, char **argv) {
           fprintf(stderr, "bench-translate: %s\n", err);
           return 1;
         }
+        kvl_backend_host_sync(be, NULL, 0);
         double rel = -1;
         if (prec == 0) {
           ref = malloc(dbytes);
@@ -228,15 +242,18 @@ int main(int argc, char **argv) {
           }
           rel = r2 > 0 ? sqrt(d2 / r2) : 0;
         }
-        double *x = malloc((size_t)runs * sizeof(double));
+        double *x = malloc(2 * (size_t)runs * sizeof(double)), *landed = x + runs;
         for (int r = 0; r < runs; r++) {
           for (int32_t b = 0; b < nb && sp.dst_stamps; b++) stamps[nb + b] = kvl_kv_stamp_new();
           double t0 = kvl_bench_now();
           kvl_translator_apply_on(t, be, &sp, err, sizeof(err));
           x[r] = kvl_bench_now() - t0;
+          kvl_backend_host_sync(be, NULL, 0);
+          landed[r] = kvl_bench_now() - t0;
         }
-        struct kvl_bench_stats st;
+        struct kvl_bench_stats st, sl;
         kvl_bench_stats_compute(x, runs, &st);
+        kvl_bench_stats_compute(landed, runs, &sl);
         double bytes = (double)n * ((double)fp[s].n_layer * 2 * kvl_fingerprint_kv_width(&fp[s]) * 2 +
                                     (double)fp[d].n_layer * 2 * kvl_fingerprint_kv_width(&fp[d]) * 2);
         char test[64], model[128];
@@ -252,18 +269,23 @@ int main(int argc, char **argv) {
                               json_real(100 * (double)flop_per_tok * n / st.median / 1e9 / flops_peak));
         json_object_set_new(res, "translator", json_string(tname));
         json_object_set_new(res, "kv", json_string("bf16"));
-        const char *pname = cuda ? (prec ? "cuda-bf16-kept" : "cuda-bf16") : prec ? "bf16" : "fp32";
+        static const char *const cnames[3] = {"cuda-bf16", "cuda-bf16-kept", "cuda-bf16-kept-pinned"};
+        const char *pname = cuda ? cnames[prec] : prec ? "bf16" : "fp32";
         json_object_set_new(res, "precision", json_string(pname));
+        if (prec == 2) json_object_set_new(res, "landed_ms", json_real(sl.median * 1e3));
         json_object_set_new(res, "backend", json_string(be ? kvl_backend_name(be) : "cpu (translator/apply.c)"));
         if (shapes) json_object_set_new(res, "models", json_string("shapes only (--shapes)"));
         if (rel >= 0) json_object_set_new(res, cuda ? "rel_rms_vs_staged" : "rel_rms_vs_fp32", json_real(rel));
         fprintf(stderr, "%s %s %s: %.2f ms (%.0f tokens/s, %.1f GB/s, %.0f GFLOP/s)", model, test, pname,
                 st.median * 1e3, n / st.median, bytes / st.median / 1e9, (double)flop_per_tok * n / st.median / 1e9);
         if (rel >= 0) fprintf(stderr, ", relative RMS difference to %s %.2e", cuda ? "staged" : "fp32", rel);
+        if (prec == 2) fprintf(stderr, ", on the host after %.2f ms", sl.median * 1e3);
         fprintf(stderr, "\n");
         free(x);
       }
       kvl_translator_use_bf16(t, false, NULL, 0);
+      if (pin_s) kvl_backend_host_unregister(be, ps);
+      if (pin_d) kvl_backend_host_unregister(be, pd);
       free(ref);
       kvl_huge_free(ps, ps_mapped);
       kvl_huge_free(pd, pd_mapped);

@@ -36,6 +36,16 @@ struct kvl_model {
     const kvl_backend_t *be[16];
     float *kv[16];                  /* [n_layer][K row, V row] post-RoPE, n_kv_head·head_dim each */
   } sinks;
+  /* Where a decode step's summaries and whole rows land from the device (qwen2.c
+   * head_end): kept between steps and pinned by the head's backend, so that they come
+   * back by DMA; a thread that finds it in use takes a malloc'd one. */
+  struct {
+    pthread_mutex_t mu;
+    char *p;                        /* kvl_huge_alloc'd, or NULL */
+    size_t n, mapped;               /* usable (and pinned) bytes; the mapping's */
+    kvl_backend_t *pinned_by;       /* or NULL */
+    bool busy;
+  } land;
 };
 
 #endif

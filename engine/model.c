@@ -148,6 +148,7 @@ int kvl_model_from_gguf(kvl_gguf_t *g, const char *name, kvl_model_t **out, char
   struct kvl_model *m = calloc(1, sizeof(*m));
   if (!m) return KVL_ENOMEM;
   pthread_mutex_init(&m->sinks.mu, NULL);
+  pthread_mutex_init(&m->land.mu, NULL);
   m->gguf = g;
   snprintf(m->hp.arch, sizeof(m->hp.arch), "%s", arch);
   const char *gname;
@@ -189,6 +190,9 @@ void kvl_model_free(kvl_model_t *m) {
   free(m->layers);
   for (int i = 0; i < 16; i++) free(m->sinks.kv[i]);
   pthread_mutex_destroy(&m->sinks.mu);
+  if (m->land.pinned_by) kvl_backend_host_unregister(m->land.pinned_by, m->land.p);
+  if (m->land.p) kvl_huge_free(m->land.p, m->land.mapped);
+  pthread_mutex_destroy(&m->land.mu);
   kvl_gguf_free(m->gguf);
   free(m);
 }

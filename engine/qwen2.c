@@ -63,11 +63,38 @@ static void sink_keep(kvl_model_t *m, const kvl_backend_t *sb, int32_t tok, floa
   free(rows);
 }
 
+/* m's landing buffer of at least n bytes for head_end (model-impl.h), or a malloc'd one
+ * while another thread holds it; NULL: out of memory */
+static char *land_take(kvl_model_t *m, kvl_backend_t *hb, size_t n) {
+  char *p = NULL;
+  pthread_mutex_lock(&m->land.mu);
+  if (!m->land.busy) {
+    if (n > m->land.n) { /* grown to the largest step's: a new mapping, pinned again */
+      if (m->land.pinned_by) kvl_backend_host_unregister(m->land.pinned_by, m->land.p);
+      if (m->land.p) kvl_huge_free(m->land.p, m->land.mapped);
+      const size_t want = (n + 4095) & ~(size_t)4095;
+      m->land.p = kvl_huge_alloc(want, &m->land.mapped);
+      m->land.n = m->land.p ? want : 0;
+      m->land.pinned_by = m->land.p && kvl_backend_host_register(hb, m->land.p, want) ? hb : NULL;
+    }
+    if (m->land.p) p = m->land.p, m->land.busy = true;
+  }
+  pthread_mutex_unlock(&m->land.mu);
+  return p ? p : malloc(n);
+}
+
+static void land_give(kvl_model_t *m, char *p) {
+  pthread_mutex_lock(&m->land.mu);
+  if (p && p == m->land.p) m->land.busy = false;
+  else free(p);
+  pthread_mutex_unlock(&m->land.mu);
+}
+
 /* The end of a decode step's bracket, its logits [T][V] still on be's device: the rows
  * whose token asked for KVL_LOGITS_TOP summarised there (kvl_logits_top) and only the
  * summaries and the other rows brought to the host, where hb has the op; else the rows. */
-static void head_end(kvl_backend_t *be, kvl_backend_t *hb, const struct kvl_batch *b, float *logits,
-                     struct kvl_logit_top *top, int T, int V) {
+static void head_end(kvl_model_t *m, kvl_backend_t *be, kvl_backend_t *hb, const struct kvl_batch *b,
+                     float *logits, struct kvl_logit_top *top, int T, int V) {
   const size_t row_bytes = (size_t)V * sizeof(float), top_bytes = (size_t)T * sizeof(*top);
   int n_sum = 0;
   for (int t = 0; top && b->logits && t < T; t++) n_sum += b->logits[t] == KVL_LOGITS_TOP;
@@ -84,10 +111,10 @@ static void head_end(kvl_backend_t *be, kvl_backend_t *hb, const struct kvl_batc
       draws |= !full[t] && top[t].temperature > 0;
     }
     ob_bytes += (size_t)(T - n_sum) * row_bytes;
-    ob = malloc(ob_bytes);
+    ob = land_take(m, hb, ob_bytes);
     if (draws && (temp = malloc((size_t)T * sizeof(float))) && (u = malloc((size_t)T * sizeof(double))))
       for (int t = 0; t < T; t++) temp[t] = full[t] ? 0.0f : top[t].temperature, u[t] = top[t].u;
-    if (draws && !u) free(ob), ob = NULL; /* out of memory: the rows come whole */
+    if (draws && !u) land_give(m, ob), ob = NULL; /* out of memory: the rows come whole */
   }
   if (!ob ||
       !kvl_logits_top(hb, logits, T, V, full, temp, u, (struct kvl_logit_top *)ob, (float *)(ob + top_bytes))) {
@@ -102,7 +129,7 @@ static void head_end(kvl_backend_t *be, kvl_backend_t *hb, const struct kvl_batc
     }
   }
   free(full);
-  free(ob);
+  land_give(m, ob);
   free(temp);
   free(u);
 }
@@ -207,7 +234,7 @@ static int forward_rows(kvl_model_t *m, kvl_backend_t *be, kvl_backend_t *hb, kv
     kvl_rmsnorm(be, h, m->output_norm, x, n_out, E, hp->rms_eps);
     matmul_rows(hb, hsb, sink, &m->output, x, logits, n_out);
   }
-  if (all) head_end(be, hb, b, logits, top, T, hp->n_vocab);
+  if (all) head_end(m, be, hb, b, logits, top, T, hp->n_vocab);
   else
     for (int r = 0; top && r < n_out; r++) top[r].full = 1;
   free(mem);

@@ -32,6 +32,8 @@ struct kvl_backend_ops {
   /* optional, both or none (NULL: kvl_backend_host_register answers false) */
   bool (*host_register)(kvl_backend_t *be, void *p, size_t bytes);
   void (*host_unregister)(kvl_backend_t *be, void *p);
+  /* optional (NULL: no copies left running into registered memory) */
+  void (*host_sync)(kvl_backend_t *be, const void *p, size_t bytes);
 };
 
 /* A backend that keeps copies of pools asks to hear of kvl_kv_pool_gone (at most 4). */

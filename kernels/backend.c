@@ -126,6 +126,10 @@ void kvl_backend_host_unregister(kvl_backend_t *be, void *p) {
   if (be && be->ops->host_unregister && p) be->ops->host_unregister(be, p);
 }
 
+void kvl_backend_host_sync(kvl_backend_t *be, const void *p, size_t bytes) {
+  if (be && be->ops->host_sync) be->ops->host_sync(be, p, bytes);
+}
+
 bool kvl_backend_can_translate(const kvl_backend_t *be) { return be && be->ops->translate; }
 
 int kvl_backend_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *err, size_t errlen) {

@@ -162,7 +162,13 @@ static void blk_drop(kvl_pool_t *p, int32_t h) {
   p->blk_free[p->n_blk_free++] = h;
 }
 
-static uint8_t *hot_data(kvl_pool_t *p, int32_t slot) { return p->hot_mem + (size_t)slot * p->bb; }
+/* A hot slot's host bytes, for the pool to read or write: copies into them that the
+ * pinning backend left running (kvl_pool_host_sync) waited for first. */
+static uint8_t *hot_data(kvl_pool_t *p, int32_t slot) {
+  uint8_t *d = p->hot_mem + (size_t)slot * p->bb;
+  if (p->hot_pinned) kvl_backend_host_sync(p->pinned_by, d, p->bb);
+  return d;
+}
 /* A hot slot's bytes are (about to be) written by the pool: a device's copy of it is old. */
 static void hot_written(kvl_pool_t *p, int32_t slot) { p->hot_stamp[slot] = kvl_kv_stamp_new(); }
 /* A slot handed out to a new block: nothing of it is read before the forward writes it. */
@@ -395,6 +401,10 @@ bool kvl_pool_pin(kvl_pool_t *p, kvl_backend_t *be) {
   p->pinned_by = be;
   p->hot_pinned = kvl_backend_host_register(be, p->hot_mem, (size_t)p->n_hot * p->bb);
   return p->hot_pinned;
+}
+
+void kvl_pool_host_sync(kvl_pool_t *p, kvl_backend_t *reader) {
+  if (p->hot_pinned && reader != p->pinned_by) kvl_backend_host_sync(p->pinned_by, NULL, 0);
 }
 
 void *kvl_pool_base(kvl_pool_t *p) { return p->hot_mem; }

@@ -35,6 +35,8 @@ int kvl_line_translate(kvl_line_t *dst, const kvl_line_t *src, const struct kvl_
   }
   for (int32_t i = 0; i < n; i++) pos[i] = from + i;
   kvl_pool_t *ps = kvl_line_pool(src), *pd = kvl_line_pool(dst);
+  kvl_pool_host_sync(ps, be); /* a backend other than the pools' reads and writes their host bytes */
+  kvl_pool_host_sync(pd, be);
   kvl_line_written(dst, from, to); /* before: a device backend that writes its copy too takes the new stamps */
   struct kvl_translate_span sp = {.src_layout = kvl_pool_layout(ps), .src_base = kvl_pool_base(ps),
                                   .src_table = kvl_line_block_table(src), .src_rope = src_rope, .src_pos = pos,

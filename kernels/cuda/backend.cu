@@ -135,6 +135,8 @@ void kvl__cuda_free(void *p) {
 struct cuda_state {
   int device, n_sm; /* n_sm: multiprocessors (the attention's key split) */
   cudaStream_t st;
+  cudaStream_t wb;      /* a translation's target written back to the host (wb_fence) */
+  cudaEvent_t wb_after; /* recorded on st, waited for by wb */
   cublasLtHandle_t lt;
   void *workspace; /* cuBLASLt's */
   size_t ws_bytes;
@@ -199,11 +201,13 @@ static void to_dev(void *d, const void *h, size_t bytes) {
   T_.copies_in++, T_.bytes_in += bytes;
 }
 
-static void to_host(void *h, const void *d, size_t bytes) {
+static void to_host_on(void *h, const void *d, size_t bytes, cudaStream_t st) {
   if (!in_hreg(h, bytes)) T_.bytes_pageable += bytes;
-  KVL_CK(cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, S_.st));
+  KVL_CK(cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, st));
   T_.copies_out++, T_.bytes_out += bytes;
 }
+
+static void to_host(void *h, const void *d, size_t bytes) { to_host_on(h, d, bytes, S_.st); }
 
 static void wait_stream(void) {
   KVL_CK(cudaStreamSynchronize(S_.st));
@@ -446,10 +450,13 @@ static void kv_pend_fetch(void) {
   KP_.fetched = KP_.used;
 }
 
+static void wb_fence_rows(const struct kv_pend *q);
+
 /* the queued rows stored into the host pool, after a wait unless `waited` (their copy
  * queued before it) */
 static void kv_pend_flush(bool waited, bool counted) {
   if (!KP_.n) return;
+  for (int i = 0; i < KP_.n; i++) wb_fence_rows(&KP_.p[i]); /* into a block still coming back: after it */
   if (KP_.used > KP_.fetched) {
     kv_pend_fetch();
     waited = false;
@@ -823,13 +830,77 @@ struct devpool {
   char *mem;        /* NULL: no room (staged) */
   uint64_t *stamp;  /* [n_blocks] the stamp each device block was copied under (0: never) */
   uint64_t used;    /* last use, for the replacement */
+  uint8_t *wb;      /* [n_blocks] its host bytes still coming back on S_.wb (wb_fence), or NULL */
 };
 static struct devpool DP_[N_DEVPOOL];
 static uint64_t dp_clock;
 
+/* ---- a translation's target written back on a second stream ---------------------------
+ * A translation into a kept pool whose hot arena is pinned writes its target's blocks in
+ * the device copy; the blocks the span fills whole go back to the host on S_.wb, after an
+ * event on S_.st, and the translation returns without waiting for them: the incoming
+ * model's first step runs while they copy (32k positions of the 1.5B are 0.9 GB: tens of
+ * ms over PCIe, more than the translation and the step together). Those blocks are marked
+ * in their copy's `wb` until wb_fence waits for the stream; it runs before anything else
+ * touches their host bytes or their device copy's memory: rows a step stores into them
+ * (kv_pend_flush), an upload of them, the KV check, another write-back of them, a dropped
+ * copy, an unregistration, and the pool's own host copies and other backends' readers
+ * (kvl_backend_host_sync, which kvl_kvpool.h calls). Blocks the span fills in part come
+ * back at once on S_.st, as before: the next step writes rows into them.
+ * KVL_CUDA_WB_ASYNC=0: every block at once (A/B runs). Under S_.mu. */
+static bool wb_any; /* some copy's wb has a mark */
+
+static void wb_fence(void) {
+  if (!wb_any) return;
+  KVL_CK(cudaStreamSynchronize(S_.wb));
+  T_.waits++;
+  for (int i = 0; i < N_DEVPOOL; i++)
+    if (DP_[i].wb) memset(DP_[i].wb, 0, (size_t)DP_[i].n_blocks);
+  wb_any = false;
+}
+
+static bool wb_marked(const struct devpool *d, int32_t b) { return wb_any && d && d->wb && b >= 0 && d->wb[b]; }
+
+/* the copy of the pool whose hot arena holds host bytes [p, p + n), or NULL */
+static struct devpool *devpool_at(const void *p, size_t n) {
+  const char *c = (const char *)p;
+  for (int i = 0; i < N_DEVPOOL; i++) {
+    const char *b = (const char *)DP_[i].base;
+    if (DP_[i].mem && b && c >= b && c + n <= b + (size_t)DP_[i].n_blocks * DP_[i].bb) return &DP_[i];
+  }
+  return NULL;
+}
+
+static void wb_fence_rows(const struct kv_pend *q) {
+  if (!wb_any) return;
+  const struct devpool *d = devpool_at(q->base, 1);
+  for (int t = 0; d && d->wb && t < q->n_tokens; t++)
+    if (wb_marked(d, q->tables[q->seq[t]][q->pos[t] / KVL_KV_BLOCK])) {
+      wb_fence();
+      return;
+    }
+}
+
+static void cu_host_sync(kvl_backend_t *be, const void *p, size_t bytes) {
+  (void)be;
+  pthread_mutex_lock(&S_.mu);
+  if (wb_any) {
+    const struct devpool *d = p ? devpool_at(p, bytes ? bytes : 1) : NULL;
+    bool hit = !p || !d; /* outside every copy: a registration's other bytes; wait, to be sure */
+    if (d && d->wb) {
+      const size_t off = (size_t)((const char *)p - (const char *)d->base);
+      for (size_t b = off / d->bb; !hit && b * d->bb < off + bytes && b < (size_t)d->n_blocks; b++) hit = d->wb[b];
+    }
+    if (hit) wb_fence();
+  }
+  pthread_mutex_unlock(&S_.mu);
+}
+
 static void devpool_drop(struct devpool *d) {
+  if (d->wb) wb_fence(); /* its memory may still be read by S_.wb */
   kvl__cuda_free(d->mem);
   free(d->stamp);
+  free(d->wb);
   *d = devpool{};
 }
 
@@ -907,6 +978,7 @@ static void devpool_sync(struct devpool *d, const void *base, const uint64_t *st
     if (b < 0 || (skip && skip[i])) continue;
     KVL_ASSERT(b < d->n_blocks);
     if (d->stamp[b] != stamps[b]) {
+      if (wb_marked(d, b)) wb_fence(); /* (the pool waits before writing its host bytes) */
       d->stamp[b] = stamps[b];
       if (!(stamps[b] & KVL_KV_STAMP_FRESH)) stale.push_back(b); /* a new block's old bytes are never read */
     }
@@ -928,6 +1000,7 @@ static size_t slab_offset(const struct kvl_attn_args *a) {
 /* KVL_CUDA_KV_CHECK: the rows of the layer the batch reads, device copy against host pool */
 static void devpool_check(const struct devpool *d, const struct kvl_attn_args *a, const kvl__cu_attn_stage *sg) {
   kv_pend_flush(false, false); /* the host pool made current first (the wait not counted) */
+  if (wb_any) KVL_CK(cudaStreamSynchronize(S_.wb)); /* and the write-backs landed (marks kept: not counted) */
   const struct kvl_kv_layout *l = a->kv;
   const size_t row = (size_t)l->n_kv_head * (size_t)l->head_dim * (l->dtype == KVL_KV_BF16 ? 2 : 4);
   const size_t half = KVL_KV_BLOCK * row, off = slab_offset(a);
@@ -1195,9 +1268,9 @@ static void tr_side_free(struct tr_side *sd) {
 /* Copy local blocks [0, n_local) between the host pool and the device (the staging, local
  * block j at j * bb; or a pool's device copy, dev_physical: at its physical block), runs of
  * consecutive physical blocks in one copy; skip (or NULL): leave out the blocks where
- * skip[j] is set. */
+ * skip[j] is set. Copies to the host on stream st, to the device on S_.st. */
 static void tr_copy_blocks(const struct tr_side *sd, char *host, char *dev, bool dev_physical, size_t bb,
-                           bool to_device, const uint8_t *skip) {
+                           bool to_device, const uint8_t *skip, cudaStream_t st) {
   for (int j = 0; j < sd->n_local;) {
     if (skip && skip[j]) {
       j++;
@@ -1209,7 +1282,7 @@ static void tr_copy_blocks(const struct tr_side *sd, char *host, char *dev, bool
     if (to_device)
       to_dev(d, h, (size_t)r * bb);
     else
-      to_host(h, d, (size_t)r * bb);
+      to_host_on(h, d, (size_t)r * bb, st);
     j += r;
   }
 }
@@ -1303,8 +1376,9 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
       devpool_sync(ps, a->src_base, a->src_stamps, src.phys, (size_t)src.n_local, NULL);
       devpool_sync(pd, a->dst_base, a->dst_stamps, dst.phys, (size_t)dst.n_local, dst.full);
     } else {
-      tr_copy_blocks(&src, (char *)a->src_base, dsrc, false, (size_t)gs.block_bytes, true, NULL);
-      tr_copy_blocks(&dst, (char *)a->dst_base, ddst, false, (size_t)gd.block_bytes, true, dst.full);
+      wb_fence(); /* the host pools are read */
+      tr_copy_blocks(&src, (char *)a->src_base, dsrc, false, (size_t)gs.block_bytes, true, NULL, S_.st);
+      tr_copy_blocks(&dst, (char *)a->dst_base, ddst, false, (size_t)gd.block_bytes, true, dst.full, S_.st);
     }
     wait_stream(); /* h is freed next */
     free(h);
@@ -1340,7 +1414,28 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
       }
     }
     KVL_CK(cudaGetLastError());
-    tr_copy_blocks(&dst, (char *)a->dst_base, vdst, pd != NULL, (size_t)gd.block_bytes, false, NULL);
+    /* the target to the host: the blocks filled whole on S_.wb where the arena is pinned
+     * (not waited for), the rest now */
+    static int async = -1;
+    if (async < 0) async = !getenv("KVL_CUDA_WB_ASYNC") || strcmp(getenv("KVL_CUDA_WB_ASYNC"), "0") != 0;
+    const bool wb = async && pd && in_hreg(a->dst_base, (size_t)pd->n_blocks * pd->bb) &&
+                    (pd->wb || (pd->wb = (uint8_t *)calloc((size_t)pd->n_blocks, 1)));
+    for (int j = 0; pd && j < dst.n_local; j++)
+      if (wb_marked(pd, dst.phys[j])) { /* a block still coming back from before: one write-back at a time */
+        wb_fence();
+        break;
+      }
+    tr_copy_blocks(&dst, (char *)a->dst_base, vdst, pd != NULL, (size_t)gd.block_bytes, false, wb ? dst.full : NULL,
+                   S_.st);
+    if (wb) {
+      std::vector<uint8_t> part((size_t)dst.n_local);
+      for (int j = 0; j < dst.n_local; j++) part[(size_t)j] = !dst.full[j];
+      KVL_CK(cudaEventRecord(S_.wb_after, S_.st));
+      KVL_CK(cudaStreamWaitEvent(S_.wb, S_.wb_after, 0));
+      tr_copy_blocks(&dst, (char *)a->dst_base, vdst, true, (size_t)gd.block_bytes, false, part.data(), S_.wb);
+      for (int j = 0; j < dst.n_local; j++)
+        if (dst.full[j]) pd->wb[dst.phys[j]] = 1, wb_any = true;
+    }
     wait_stream();
     for (int j = 0; j < dst.n_local && pd; j++) pd->stamp[dst.phys[j]] = a->dst_stamps[dst.phys[j]]; /* current */
   }
@@ -1385,6 +1480,7 @@ static void cu_host_unregister(kvl_backend_t *be, void *p) {
   for (int i = 0; i < n_hreg; i++)
     if (HR_[i].p == (char *)p) {
       wait_stream(); /* no copy queued from or to it may outlive the registration */
+      wb_fence();
       KVL_CK(cudaHostUnregister(p));
       HR_[i] = HR_[--n_hreg];
       break;
@@ -1395,7 +1491,8 @@ static void cu_host_unregister(kvl_backend_t *be, void *p) {
 static const struct kvl_backend_ops cuda_ops = {cu_supports, cu_matmul,    cu_rmsnorm,   cu_rope, cu_swiglu,
                                                 cu_embed,    cu_attention, cu_translate, cu_add,  cu_begin,
                                                 cu_fetch,    cu_end,       cu_traffic,   cu_kv_put,
-                                                cu_logits_top, cu_host_register, cu_host_unregister};
+                                                cu_logits_top, cu_host_register, cu_host_unregister,
+                                                cu_host_sync};
 
 static kvl_backend_t be_cuda;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -1445,6 +1542,8 @@ static void init(void) {
   A.free_[0].off = 0, A.free_[0].len = want;
   A.n_free = 1;
   KVL_CK(cudaStreamCreateWithFlags(&S_.st, cudaStreamNonBlocking));
+  KVL_CK(cudaStreamCreateWithFlags(&S_.wb, cudaStreamNonBlocking));
+  KVL_CK(cudaEventCreateWithFlags(&S_.wb_after, cudaEventDisableTiming));
   KVL_CKB(cublasLtCreate(&S_.lt));
   S_.ws_bytes = (size_t)32 << 20;
   S_.workspace = dalloc(S_.ws_bytes);

@@ -42,18 +42,35 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
-/* A copy to the host lands at the next cudaStreamSynchronize, as on a device, where the
- * host may read it only after that: a read before it sees the old bytes here too. A copy
- * to the device is made at once (from pageable memory the runtime copies the source
- * before it returns), and kernels run at their launch, in stream order. */
+/* A copy to the host lands at the next cudaStreamSynchronize of its stream, as on a
+ * device, where the host may read it only after that: a read before it sees the old bytes
+ * here too. A copy to the device is made at once (from pageable memory the runtime copies
+ * the source before it returns), and kernels run at their launch, in stream order. */
 namespace {
 struct pending {
   void *dst;
   std::vector<char> bytes;
+  unsigned long long seq; /* its place among the stream's copies */
 };
-std::vector<pending> to_host;
 } // namespace
-
+struct kvl_sim_stream {
+  std::vector<pending> to_host;
+  unsigned long long queued;
+};
+struct kvl_sim_event {
+  kvl_sim_stream *st;
+  unsigned long long upto; /* the stream's copies queued when it was recorded */
+};
+/* the copies of st queued up to `upto` land, in order */
+static void land(kvl_sim_stream *st, unsigned long long upto) {
+  std::vector<pending> &q = st->to_host;
+  size_t k = 0;
+  for (size_t i = 0; i < q.size(); i++) {
+    if (q[i].seq <= upto) memcpy(q[i].dst, q[i].bytes.data(), q[i].bytes.size());
+    else if (k++ != i) q[k - 1] = std::move(q[i]);
+  }
+  q.resize(k);
+}
 cudaError_t cudaMallocHost(void **p, size_t bytes) {
   *p = malloc(bytes ? bytes : 1);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
@@ -73,28 +90,42 @@ cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned flags) {
 cudaError_t cudaHostUnregister(void *p) { return p ? cudaSuccess : cudaErrorInvalidValue; }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t st) {
-  (void)st;
   if (!bytes) return cudaSuccess;
+  if (!st) return cudaErrorInvalidValue; /* the backend never uses the legacy default stream */
   if (kind == cudaMemcpyDeviceToHost)
-    to_host.push_back(pending{dst, std::vector<char>((const char *)src, (const char *)src + bytes)});
+    st->to_host.push_back(pending{dst, std::vector<char>((const char *)src, (const char *)src + bytes), ++st->queued});
   else memcpy(dst, src, bytes);
   return cudaSuccess;
 }
-
 cudaError_t cudaStreamSynchronize(cudaStream_t st) {
-  (void)st;
-  for (const pending &p : to_host) memcpy(p.dst, p.bytes.data(), p.bytes.size());
-  to_host.clear();
+  if (!st) return cudaErrorInvalidValue;
+  land(st, st->queued);
   return cudaSuccess;
 }
-
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *st, unsigned flags) {
-  static char token;
   (void)flags;
-  *st = (cudaStream_t)(void *)&token;
+  *st = new kvl_sim_stream{{}, 0}; /* lives as long as the process, as the backend's do */
   return cudaSuccess;
 }
-
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags) {
+  (void)flags;
+  *ev = new kvl_sim_event{nullptr, 0};
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st) {
+  if (!ev || !st) return cudaErrorInvalidValue;
+  ev->st = st, ev->upto = st->queued;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned flags) {
+  (void)flags;
+  return st && ev ? cudaSuccess : cudaErrorInvalidValue;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  if (!ev) return cudaErrorInvalidValue;
+  if (ev->st) land(ev->st, ev->upto);
+  return cudaSuccess;
+}
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 
 const char *cudaGetErrorString(cudaError_t e) {

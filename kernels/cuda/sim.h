@@ -49,13 +49,18 @@ struct alignas(16) float4 {
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 /* The runtime API's subset the backend (backend.cu) calls: "device" memory is host
  * memory; kernels and copies to the device run at once, copies to the host land at the
- * next cudaStreamSynchronize (a host read before it sees the old bytes). One device,
- * named "kvl_sim", compute 9.0, 132 multiprocessors (an H100's), 4 GiB free. */
+ * next cudaStreamSynchronize of their stream (a host read before it sees the old bytes;
+ * another stream's synchronisation does not land them). Events order nothing here (work
+ * runs at its launch); cudaEventSynchronize lands what the event's stream had queued when
+ * it was recorded. One device, named "kvl_sim", compute 9.0, 132 multiprocessors (an
+ * H100's), 4 GiB free. */
 struct kvl_sim_stream;
 typedef kvl_sim_stream *cudaStream_t;
+struct kvl_sim_event;
+typedef kvl_sim_event *cudaEvent_t;
 enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidDevice = 101 };
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
-enum { cudaStreamNonBlocking = 1, cudaHostRegisterDefault = 0 };
+enum { cudaStreamNonBlocking = 1, cudaHostRegisterDefault = 0, cudaEventDisableTiming = 2 };
 struct cudaDeviceProp {
   char name[256];
   int major, minor, multiProcessorCount;
@@ -72,6 +77,10 @@ cudaError_t cudaHostUnregister(void *p);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t st);
 cudaError_t cudaStreamSynchronize(cudaStream_t st);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *st, unsigned flags);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags);
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st);
+cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned flags);
+cudaError_t cudaEventSynchronize(cudaEvent_t ev);
 cudaError_t cudaGetLastError(void);
 const char *cudaGetErrorString(cudaError_t e);
 

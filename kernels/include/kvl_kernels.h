@@ -278,6 +278,12 @@ struct kvl_backend_traffic {
  * KVL_CUDA_PIN_POOLS=0. Unregister before the memory is freed. */
 bool kvl_backend_host_register(kvl_backend_t *be, void *p, size_t bytes);
 void kvl_backend_host_unregister(kvl_backend_t *be, void *p);
+/* A backend may leave copies into registered memory running when an op returns (the CUDA
+ * backend: a translation's target blocks, written back on a second stream while the next
+ * step runs); it orders its own later ops after them. Before anyone else reads or writes
+ * host bytes in [p, p + bytes) (p NULL: all registered memory) kvl_backend_host_sync
+ * waits for those copies (the pool calls it for its own host copies: kvl_kvpool.h). */
+void kvl_backend_host_sync(kvl_backend_t *be, const void *p, size_t bytes);
 bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t);
 
 /* A row of logits summarised for sampling, so that a decode step's logits can stay on a

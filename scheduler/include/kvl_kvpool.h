@@ -92,6 +92,13 @@ void kvl_pool_free(kvl_pool_t *p);
  * block into a hot slot on the host first), so it would only lock memory. Kept until
  * kvl_pool_free. Returns whether it was pinned (false on the CPU backend). Call once. */
 bool kvl_pool_pin(kvl_pool_t *p, kvl_backend_t *be);
+/* The pinning backend may leave copies into the hot arena running past an op's return (a
+ * translation's target, written back while the next step runs: kvl_backend_host_sync).
+ * The pool waits for them before its own host copies of a block (offload, restore, copy on
+ * write, spill); a reader or writer of the arena's host bytes on another backend (the CPU's
+ * translation, a test) calls this first. A no-op where `reader` is the pinning backend,
+ * which orders its own ops after its copies. */
+void kvl_pool_host_sync(kvl_pool_t *p, kvl_backend_t *reader);
 /* The hot arena, as the forward's kvl_kv_view.base. */
 void *kvl_pool_base(kvl_pool_t *p);
 const struct kvl_kv_layout *kvl_pool_layout(const kvl_pool_t *p);

@@ -27,10 +27,12 @@
 #include "kvl_kernels.h"
 #include "kvl_model.h"
 #include "kvl_quant.h"
+#include "kvl_sched.h"
 #include "kvl_translator.h"
 #include "sim-ops.h"
 
 static kvl_backend_t *cu;
+static bool on_sim; /* cu is kvl_backend_cuda_sim() */
 static int n_bad;
 
 static void report(const char *op, const char *desc, double err, double bound) {
@@ -382,10 +384,8 @@ static void switch_on(kvl_backend_t *be, kvl_model_t *A, kvl_model_t *B, const k
   free(pa), free(pb);
 }
 
-static void test_switch(void) {
-  struct tiny_opts oa = {.n_layer = 2, .seed = 11}, ob = {.n_layer = 3, .seed = 12};
-  void *ba, *bb;
-  kvl_model_t *A = tiny_model_load(&oa, &ba), *B = tiny_model_load(&ob, &bb);
+/* a translator from tiny A (2 layers) to tiny B with random affine maps reading both of A's layers */
+static kvl_translator_t *tiny_translator(kvl_model_t *A, kvl_model_t *B) {
   struct kvl_model_fingerprint fa, fb;
   tiny_fingerprint(A, &fa);
   tiny_fingerprint(B, &fb);
@@ -402,6 +402,15 @@ static void test_switch(void) {
       CHECK_EQ_INT(kvl_translator_set_map(t, l, w ? KVL_TRANSLATOR_V : KVL_TRANSLATOR_K, src, 2, map), 0);
     }
   free(map);
+  return t;
+}
+
+static void test_switch(void) {
+  struct tiny_opts oa = {.n_layer = 2, .seed = 11}, ob = {.n_layer = 3, .seed = 12};
+  void *ba, *bb;
+  kvl_model_t *A = tiny_model_load(&oa, &ba), *B = tiny_model_load(&ob, &bb);
+  kvl_translator_t *t = tiny_translator(A, B);
+  const struct kvl_model_hparams *ha = kvl_model_hparams(A), *hb = kvl_model_hparams(B);
   enum { T = 40 };
   int32_t ids[T];
   unsigned long long r = 5;
@@ -774,6 +783,207 @@ static void test_logits_top(void) {
   free(buf);
 }
 
+/* ---- a translation's target written back while the next step runs --------------------
+ * A's prompt of 40 in a pinned pool, translated (positions 0..38) into a line of B's pinned
+ * pool: blocks 0 and 1 filled whole come back on the backend's second stream, block 2 at
+ * once. Under --sim a copy to the host lands only when its stream is waited for, so right
+ * after the translation the whole blocks' host bytes are still the old ones (on a GPU they
+ * may have landed: not checked there); after kvl_pool_host_sync they are the CPU's
+ * translation of the same source within bf16's precision (the op's bound). Then a second
+ * line translated the same way is offloaded at once (the pool's host copy waits for the
+ * write-back), its slots taken by another line, restored, and B's step over it gives the
+ * logits of B's step over the first line, bit for bit: a copy of stale host bytes would not.
+ * With KVL_CUDA_KV_CHECK off (its comparison waits for the write-backs itself). */
+static void tr_pos(int32_t *pos, int n) {
+  for (int i = 0; i < n; i++) pos[i] = i;
+}
+
+static void test_writeback(void) {
+  const bool sim = on_sim;
+  struct tiny_opts oa = {.n_layer = 2, .seed = 41}, ob = {.n_layer = 3, .seed = 42};
+  void *ba, *bb;
+  kvl_model_t *A = tiny_model_load(&oa, &ba), *B = tiny_model_load(&ob, &bb);
+  kvl_translator_t *t = tiny_translator(A, B);
+  const struct kvl_model_hparams *ha = kvl_model_hparams(A), *hb = kvl_model_hparams(B);
+  struct kvl_kv_layout la = kvl_model_kv_layout(A, KVL_KV_BF16), lb = kvl_model_kv_layout(B, KVL_KV_BF16);
+  struct kvl_pool_config ca = {.layout = la, .hot_bytes = 4 * kvl_kv_block_bytes(&la)},
+                         cb = {.layout = lb, .hot_bytes = 7 * kvl_kv_block_bytes(&lb),
+                               .cold_bytes = 4 * kvl_kv_block_bytes(&lb)};
+  kvl_pool_t *pa, *pb, *pc; /* pc: B's layout, not pinned, for the CPU's translation */
+  CHECK_EQ_INT(kvl_pool_new(&ca, &pa), 0);
+  CHECK_EQ_INT(kvl_pool_new(&cb, &pb), 0);
+  CHECK_EQ_INT(kvl_pool_new(&cb, &pc), 0);
+  const bool pinned = kvl_pool_pin(pa, cu) && kvl_pool_pin(pb, cu);
+  CHECK(pinned);
+  setenv("KVL_CUDA_KV_CHECK", "0", 1);
+  enum { T = 40 };
+  int32_t ids[64], pos[T];
+  unsigned long long r = 13;
+  for (int i = 0; i < 64; i++) ids[i] = (int32_t)(kvl_test_rand(&r) % (unsigned long long)ha->n_vocab);
+  tr_pos(pos, T);
+  kvl_line_t *src = kvl_line_new(pa);
+  pool_step(cu, A, src, ids, T, NULL);
+  struct kvl_rope ra, rb;
+  CHECK_EQ_INT(kvl_rope_init(&ra, ha->head_dim, ha->rope_theta), 0);
+  CHECK_EQ_INT(kvl_rope_init(&rb, hb->head_dim, hb->rope_theta), 0);
+  char err[256] = "";
+  kvl_line_t *l1 = kvl_line_new(pb), *ref = kvl_line_new(pc);
+  CHECK_EQ_INT(kvl_line_translate(l1, src, t, cu, 1, 0, T - 1, &ra, &rb, err, sizeof(err)), 0);
+  const size_t nr = (size_t)(T - 1) * lb.n_layer * 2 * (size_t)(lb.n_kv_head * lb.head_dim);
+  float *early = tr_rows(&lb, kvl_pool_base(pb), kvl_line_block_table(l1), pos, T - 1); /* no sync: a peek */
+  CHECK_EQ_INT(kvl_line_translate(ref, src, t, kvl_backend_cpu(), 1, 0, T - 1, &ra, &rb, err, sizeof(err)), 0);
+  kvl_pool_host_sync(pb, kvl_backend_cpu());
+  float *got = tr_rows(&lb, kvl_pool_base(pb), kvl_line_block_table(l1), pos, T - 1),
+        *want = tr_rows(&lb, kvl_pool_base(pc), kvl_line_block_table(ref), pos, T - 1);
+  const double before = nmse(early, want, nr), after = nmse(got, want, nr);
+  const bool ok = after <= 1e-4 && (!sim || before > 0.1);
+  printf("%s writeback  %-40s nmse against the CPU's %.1e after kvl_pool_host_sync (bound 1e-4), %.2f before%s\n",
+         ok ? "ok  " : "FAIL", "39 positions, 2 whole blocks on stream 2", after, before,
+         sim ? " (still coming back)" : "");
+  if (!ok) n_bad++;
+  CHECK(ok);
+  /* the offload path: the pool's own host copy waits for the write-back */
+  kvl_line_t *l2 = kvl_line_new(pb);
+  CHECK_EQ_INT(kvl_line_translate(l2, src, t, cu, 1, 0, T - 1, &ra, &rb, err, sizeof(err)), 0);
+  CHECK_EQ_INT(kvl_line_offload(l2), 0);
+  kvl_line_t *other = kvl_line_new(pb); /* 4 of the 7 hot slots: some of l2's among them */
+  pool_step(cu, B, other, ids, 49, NULL);
+  kvl_line_free(other);
+  CHECK_EQ_INT(kvl_line_restore(l2), 0);
+  float *lg[2] = {malloc((size_t)hb->n_vocab * 4), malloc((size_t)hb->n_vocab * 4)};
+  pool_step(cu, B, l1, ids + T - 1, 1, lg[0]);
+  pool_step(cu, B, l2, ids + T - 1, 1, lg[1]);
+  const bool same = !memcmp(lg[0], lg[1], (size_t)hb->n_vocab * 4);
+  printf("%s writeback  %-40s B's logits %s\n", same ? "ok  " : "FAIL", "offloaded at once, restored, stepped",
+         same ? "equal to the kept line's, bit for bit" : "differ from the kept line's");
+  if (!same) n_bad++;
+  CHECK(same);
+  setenv("KVL_CUDA_KV_CHECK", "1", 1);
+  free(early), free(got), free(want), free(lg[0]), free(lg[1]);
+  kvl_line_free(l1), kvl_line_free(l2), kvl_line_free(ref), kvl_line_free(src);
+  kvl_pool_free(pa), kvl_pool_free(pb), kvl_pool_free(pc);
+  kvl_translator_free(t);
+  kvl_model_free(A), kvl_model_free(B);
+  free(ba), free(bb);
+}
+
+/* ---- the scheduler's tokens from summaries (scheduler/sched.c uncertainty_top) ------
+ * A cascade between two copies of a tiny model (identity translators) on this backend,
+ * each request run twice: once as it comes (its rows summarised on the device, the tokens
+ * chosen or drawn there) and once with a logit bias of 0 on one token, which changes no
+ * probability but makes the scheduler ask for every row whole (full_row). Greedy, top-k
+ * 20 at temperature 0.8, and a draw from the whole distribution at temperature 1: the
+ * same tokens, log-probs and entropies within 1e-4 (the device sums them in another
+ * order), the handoff after the same token, and fewer bytes out; the whole rows land in
+ * the scheduler's pinned outputs (pageable: less than half a row per token, the prompt's
+ * step and the handoff's). The bar on the mean
+ * entropy of a 3-token window is set between the two largest window means of a run that
+ * never hands off, so that the handoff falls after a token in the middle. */
+enum { CAS_GEN = 14 };
+struct cas_run {
+  int32_t tok[CAS_GEN];
+  float lp[CAS_GEN], h[CAS_GEN];
+  int model[CAS_GEN], n, handoffs;
+};
+
+static void cas_on_token(void *ud, uint64_t id, const struct kvl_token_event *ev) {
+  (void)id;
+  struct cas_run *o = ud;
+  if (ev->token >= 0 && o->n < CAS_GEN)
+    o->tok[o->n] = ev->token, o->lp[o->n] = ev->logprob, o->h[o->n] = ev->entropy, o->model[o->n++] = ev->model;
+  if (ev->final) o->handoffs = ev->usage.handoffs;
+}
+
+static void cas_run(kvl_model_t *m, kvl_translator_t *id, const int32_t *prompt, int n_prompt,
+                    const struct kvl_sampler_params *sp, float bar, bool whole, struct cas_run *o,
+                    unsigned long long *out, unsigned long long *pageable) {
+  kvl_sched_t *s;
+  char err[256];
+  CHECK_EQ_INT(kvl_sched_new(&(struct kvl_sched_config){.step_tokens = 64, .max_seqs = 4}, &s), 0);
+  struct kvl_kv_layout kl = kvl_model_kv_layout(m, KVL_KV_BF16);
+  static const char *const names[] = {"small", "large"};
+  for (int i = 0; i < 2; i++) {
+    struct kvl_sched_model sm = {names[i], m, cu, {kl, 16 * kvl_kv_block_bytes(&kl), 0, 0, NULL, 0, false}, 0};
+    int mid;
+    CHECK_EQ_INT(kvl_sched_add_model(s, &sm, &mid, err, sizeof(err)), 0);
+  }
+  CHECK_EQ_INT(kvl_sched_add_translator(s, 0, 1, id, NULL, err, sizeof(err)), 0);
+  const struct kvl_logit_bias zero = {3, 0.0f};
+  struct kvl_request r = {.model = 0, .prompt = prompt, .n_prompt = n_prompt, .max_tokens = CAS_GEN,
+                          .sampling = *sp, .reuse = KVL_REUSE_ANY};
+  if (whole) r.sampling.bias = &zero, r.sampling.n_bias = 1;
+  r.cascade.on = true, r.cascade.to = 1, r.cascade.window = 3, r.cascade.max_mean_entropy = bar;
+  memset(o, 0, sizeof(*o));
+  struct kvl_backend_traffic t0, t1;
+  kvl_backend_traffic(cu, &t0);
+  uint64_t rid;
+  CHECK_EQ_INT(kvl_sched_submit(s, &r, cas_on_token, o, &rid, err, sizeof(err)), 0);
+  while (!kvl_sched_idle(s)) CHECK(kvl_sched_step(s) >= 0);
+  kvl_backend_traffic(cu, &t1);
+  *out = t1.bytes_out - t0.bytes_out;
+  *pageable = t1.bytes_pageable - t0.bytes_pageable;
+  kvl_sched_free(s);
+}
+
+static void test_sched_top(void) {
+  struct tiny_opts o = {.n_layer = 2, .seed = 31};
+  void *buf;
+  kvl_model_t *m = tiny_model_load(&o, &buf);
+  struct kvl_model_fingerprint fp;
+  tiny_fingerprint(m, &fp);
+  kvl_translator_t *id;
+  char err[256];
+  CHECK_EQ_INT(kvl_translator_identity(&fp, false, &id, err, sizeof(err)), 0);
+  const int NV = kvl_model_hparams(m)->n_vocab;
+  int32_t prompt[24];
+  unsigned long long r = 9;
+  for (int i = 0; i < 24; i++) prompt[i] = (int32_t)(kvl_test_rand(&r) % (unsigned long long)NV);
+  static const char *const what[3] = {"greedy", "top-k 20 at temperature 0.8", "whole distribution at temperature 1"};
+  for (int v = 0; v < 3; v++) {
+    struct kvl_sampler_params sp;
+    kvl_sampler_params_init(&sp);
+    sp.seed = 77, sp.has_seed = true, sp.logprobs = true;
+    sp.temperature = v == 0 ? 0.0f : v == 1 ? 0.8f : 1.0f;
+    sp.top_k = v == 1 ? 20 : 0;
+    struct cas_run never, a, b;
+    unsigned long long out_a, out_b, out_n, pg_a, pg_b, pg_n; /* bytes out, of them pageable */
+    cas_run(m, id, prompt, 24, &sp, 1e6f, false, &never, &out_n, &pg_n);
+    CHECK_EQ_INT(never.handoffs, 0);
+    CHECK_EQ_INT(never.n, CAS_GEN);
+    /* the bar: between the largest and second largest window means over tokens 2 .. n-2 */
+    float best = -1, second = -1;
+    int at = -1;
+    for (int i = 2; i < CAS_GEN - 1; i++) {
+      const float mean = (never.h[i - 2] + never.h[i - 1] + never.h[i]) / 3;
+      if (mean > best) second = best, best = mean, at = i;
+      else if (mean > second) second = mean;
+    }
+    const float bar = (best + second) / 2;
+    cas_run(m, id, prompt, 24, &sp, bar, false, &a, &out_a, &pg_a);
+    cas_run(m, id, prompt, 24, &sp, bar, true, &b, &out_b, &pg_b);
+    bool ok = a.n == CAS_GEN && b.n == CAS_GEN && a.handoffs == 1 && b.handoffs == 1 &&
+              !memcmp(a.tok, b.tok, sizeof(a.tok)) && !memcmp(a.tok, never.tok, (size_t)(at + 1) * 4);
+    double gap = 0;
+    for (int i = 0; i < CAS_GEN; i++) {
+      ok &= a.model[i] == b.model[i] && a.model[i] == (i > at);
+      gap = fmax(gap, fmax(fabs((double)a.lp[i] - b.lp[i]), fabs((double)a.h[i] - b.h[i])));
+    }
+    ok &= gap <= 1e-4 && best - second > 1e-3;
+    /* and the whole rows come back into the scheduler's pinned memory, not pageable */
+    const bool less = out_a < out_b && pg_b < (unsigned long long)CAS_GEN * (unsigned long long)NV * 2;
+    printf("%s sched top  %-40s handoff after token %d of %d, |d log-prob|, |d entropy| %.1e, %.1f kB out (whole "
+           "rows: %.1f kB, %.1f kB of it pageable)\n",
+           ok && less ? "ok  " : "FAIL", what[v], at, CAS_GEN, gap, (double)out_a / 1e3, (double)out_b / 1e3,
+           (double)pg_b / 1e3);
+    if (!ok || !less) n_bad++;
+    CHECK(ok);
+    CHECK(less);
+  }
+  kvl_translator_free(id);
+  kvl_model_free(m);
+  free(buf);
+}
+
 /* A 64-token prompt through the whole model on the CPU and on the GPU: the last
  * position's log-probabilities. */
 static void test_model(const char *path) {
@@ -844,6 +1054,7 @@ int main(int argc, char **argv) {
   const char *model = argc > 1 + sim ? argv[1 + sim] : NULL;
   setenv("KVL_CUDA_KV_CHECK", "1", 0); /* every attention over a kept pool checks the device's copy */
   cu = sim ? kvl_backend_cuda_sim(why, sizeof(why)) : kvl_backend_cuda(why, sizeof(why));
+  on_sim = sim;
   if (!cu) {
     printf("skipped: %s\n", why);
     return 77;
@@ -860,6 +1071,8 @@ int main(int argc, char **argv) {
   RUN(test_pool);
   RUN(test_logits_top);
   RUN(test_pinned);
+  RUN(test_sched_top);
+  RUN(test_writeback);
   if (model) {
     int before = kvl_test_failed;
     test_model(model);
