@@ -450,13 +450,15 @@ static void kv_pend_fetch(void) {
   KP_.fetched = KP_.used;
 }
 
-static void wb_fence_rows(const struct kv_pend *q);
+static void wb_fence_rows(const void *base, const int32_t *const *tables, const int32_t *seq, const int32_t *pos,
+                          int n);
 
 /* the queued rows stored into the host pool, after a wait unless `waited` (their copy
  * queued before it) */
 static void kv_pend_flush(bool waited, bool counted) {
   if (!KP_.n) return;
-  for (int i = 0; i < KP_.n; i++) wb_fence_rows(&KP_.p[i]); /* into a block still coming back: after it */
+  for (int i = 0; i < KP_.n; i++) /* into a block still coming back: after it */
+    wb_fence_rows(KP_.p[i].base, KP_.p[i].tables, KP_.p[i].seq, KP_.p[i].pos, KP_.p[i].n_tokens);
   if (KP_.used > KP_.fetched) {
     kv_pend_fetch();
     waited = false;
@@ -871,11 +873,13 @@ static struct devpool *devpool_at(const void *p, size_t n) {
   return NULL;
 }
 
-static void wb_fence_rows(const struct kv_pend *q) {
+/* before rows are stored on the host at positions pos of sequences seq (tables: theirs) */
+static void wb_fence_rows(const void *base, const int32_t *const *tables, const int32_t *seq, const int32_t *pos,
+                          int n) {
   if (!wb_any) return;
-  const struct devpool *d = devpool_at(q->base, 1);
-  for (int t = 0; d && d->wb && t < q->n_tokens; t++)
-    if (wb_marked(d, q->tables[q->seq[t]][q->pos[t] / KVL_KV_BLOCK])) {
+  const struct devpool *d = devpool_at(base, 1);
+  for (int t = 0; d && d->wb && t < n; t++)
+    if (wb_marked(d, tables[seq[t]][pos[t] / KVL_KV_BLOCK])) {
       wb_fence();
       return;
     }
@@ -886,7 +890,7 @@ static void cu_host_sync(kvl_backend_t *be, const void *p, size_t bytes) {
   pthread_mutex_lock(&S_.mu);
   if (wb_any) {
     const struct devpool *d = p ? devpool_at(p, bytes ? bytes : 1) : NULL;
-    bool hit = !p || !d; /* outside every copy: a registration's other bytes; wait, to be sure */
+    bool hit = !p; /* bytes outside every pool's copy have nothing coming back (a drop fences) */
     if (d && d->wb) {
       const size_t off = (size_t)((const char *)p - (const char *)d->base);
       for (size_t b = off / d->bb; !hit && b * d->bb < off + bytes && b < (size_t)d->n_blocks; b++) hit = d->wb[b];
@@ -1106,6 +1110,7 @@ static void cu_kv_put(kvl_backend_t *be, const struct kvl_attn_args *a, const fl
         mirrors_settle((const char *)v, n, false);
       }
     }
+    wb_fence_rows(a->kv_base, a->block_tables, a->seq, a->pos, T);
     pthread_mutex_unlock(&S_.mu);
     kvl_kv_store(a->kv, (void *)a->kv_base, a->layer, T, k, v, a->pos, a->seq, a->block_tables);
     pthread_mutex_lock(&S_.mu);

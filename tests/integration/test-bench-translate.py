@@ -3,8 +3,9 @@
 with --shapes (no model files: the pair's shapes, a random translator) or on the real
 models; the rows it writes (shared/BENCH-FORMAT.md), and a bad --backend refused with the
 usage status and no result file. With --shapes also on the CUDA backend compiled for the
-CPU (--backend cuda-sim): the pools staged and kept on the device give the same target
-cache, bit for bit.
+CPU (--backend cuda-sim): the pools staged, kept on the device, and kept and pinned (the
+target's whole blocks written back on a second stream, landed_ms no earlier than the
+call's return) give the same target cache, bit for bit.
 
 usage: test-bench-translate.py BENCH_TRANSLATE shapes|real
 """
@@ -49,12 +50,17 @@ def main():
                                capture_output=True, text=True, env=dict(env, KVL_CUDA_KV_CHECK="1"))
             rows = json.load(open(os.path.join(out3, "translate.json")))["results"] if r.returncode == 0 else []
             prec = sorted((x["model"], x["precision"]) for x in rows)
-            check(r.returncode == 0 and len(prec) == 4 and {p for _, p in prec} == {"cuda-bf16", "cuda-bf16-kept"},
-                  f"cuda-sim: each direction staged and kept ({prec}) {r.stderr[-500:] if r.returncode else ''}")
+            kinds = {"cuda-bf16", "cuda-bf16-kept", "cuda-bf16-kept-pinned"}
+            check(r.returncode == 0 and len(prec) == 6 and {p for _, p in prec} == kinds,
+                  f"cuda-sim: each direction staged, kept, kept and pinned ({prec}) "
+                  f"{r.stderr[-500:] if r.returncode else ''}")
             for x in rows:
-                if x["precision"] == "cuda-bf16-kept":
-                    check(x.get("rel_rms_vs_staged") == 0, f"cuda-sim {x['model']}: the kept pools' target cache is the "
-                          f"staged one's, bit for bit (relative RMS difference {x.get('rel_rms_vs_staged')})")
+                if x["precision"] != "cuda-bf16":
+                    check(x.get("rel_rms_vs_staged") == 0, f"cuda-sim {x['model']}: the {x['precision']} target cache "
+                          f"is the staged one's, bit for bit (relative RMS difference {x.get('rel_rms_vs_staged')})")
+                if x["precision"] == "cuda-bf16-kept-pinned":
+                    check(x.get("landed_ms", -1) >= x["value"], f"cuda-sim {x['model']}: written back "
+                          f"{x.get('landed_ms')} ms after the start, the call returned after {x['value']} ms")
     sys.exit(1 if check.failed else 0)
 
 
