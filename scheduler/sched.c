@@ -110,12 +110,10 @@ struct kvl_sched {
   int8_t *want;
   const int32_t **tables;
   struct req **batch;
-  /* a step's outputs (out_ensure): what each row of logits got, and the rows */
-  struct kvl_logit_top *top; /* [max_seqs] */
-  float *logits;             /* [step_tokens + max_seqs][widest vocabulary] */
-  void *out_mem;             /* the mapping both live in */
-  size_t out_mapped;
-  kvl_backend_t *out_pinned_by; /* the backend that pinned its head, or NULL */
+  struct kvl_logit_top *top;    /* [max_seqs]: what each row of logits got */
+  float *logits;                /* [step_tokens + max_seqs][widest vocabulary] (logits_ensure) */
+  size_t logits_mapped;
+  kvl_backend_t *logits_pinned_by; /* the backend that pinned its first max_seqs rows, or NULL */
   size_t cap_tok, cap_logits;
 };
 
@@ -141,7 +139,8 @@ int kvl_sched_new(const struct kvl_sched_config *c, kvl_sched_t **out) {
   s->want = malloc(n);
   s->tables = malloc((size_t)s->cfg.max_seqs * sizeof(*s->tables));
   s->batch = malloc((size_t)s->cfg.max_seqs * sizeof(*s->batch));
-  if (!s->tok || !s->pos || !s->seqi || !s->want || !s->tables || !s->batch) {
+  s->top = malloc((size_t)s->cfg.max_seqs * sizeof(*s->top));
+  if (!s->tok || !s->pos || !s->seqi || !s->want || !s->tables || !s->batch || !s->top) {
     kvl_sched_free(s);
     return KVL_ENOMEM;
   }
@@ -155,42 +154,33 @@ static void close_sources(struct req *r);
 
 static void conv_free_all(kvl_sched_t *s);
 
-/* A step's outputs, the rows' summaries then the logits rows, share one page-aligned
- * mapping; its head (the summaries and max_seqs rows: all a decode step brings back) is
- * pinned by the first device backend that takes it, so that they come back by DMA rather
- * than through the driver's bounce buffer. Pinning the rest would lock hundreds of MB
- * for the prompt-logprob rows that a step rarely has; those take the pageable path. */
-static size_t out_head(const kvl_sched_t *s) {
-  return ((size_t)s->cfg.max_seqs * sizeof(*s->top) + 4095) & ~(size_t)4095;
-}
-
-static void out_free(kvl_sched_t *s) {
-  if (s->out_pinned_by) kvl_backend_host_unregister(s->out_pinned_by, s->out_mem);
-  if (s->out_mem) kvl_huge_free(s->out_mem, s->out_mapped);
-  s->out_mem = NULL, s->out_pinned_by = NULL, s->top = NULL, s->logits = NULL, s->cap_logits = 0;
+/* A step's logits rows live in a page-aligned mapping whose first max_seqs rows (all a
+ * decode step brings back whole) the first device backend to come pins, so that they
+ * come back by DMA rather than through the driver's bounce buffer; pinning the rest would
+ * lock hundreds of MB for prompt log-prob rows a step rarely has. (The summaries come
+ * through the model's own pinned buffer: qwen2.c head_end.) */
+static void logits_free(kvl_sched_t *s) {
+  if (s->logits_pinned_by) kvl_backend_host_unregister(s->logits_pinned_by, s->logits);
+  if (s->logits) kvl_huge_free(s->logits, s->logits_mapped);
+  s->logits = NULL, s->logits_pinned_by = NULL, s->cap_logits = 0;
 }
 
 /* room for rows of n_vocab logits; pinned by be if a device backend and not pinned yet
  * (the contents do not outlive a step: a wider vocabulary takes a new mapping) */
-static int out_ensure(kvl_sched_t *s, int32_t n_vocab, kvl_backend_t *be) {
-  const size_t rows = (size_t)s->cfg.step_tokens + (size_t)s->cfg.max_seqs, head = out_head(s);
-  if (rows > (SIZE_MAX - head) / sizeof(float) / (size_t)n_vocab) return KVL_ENOMEM;
+static int logits_ensure(kvl_sched_t *s, int32_t n_vocab, kvl_backend_t *be) {
+  const size_t rows = (size_t)s->cfg.step_tokens + (size_t)s->cfg.max_seqs;
+  if (rows > SIZE_MAX / sizeof(float) / (size_t)n_vocab) return KVL_ENOMEM;
   if (rows * (size_t)n_vocab > s->cap_logits) {
-    kvl_backend_t *pin = s->out_pinned_by;
+    kvl_backend_t *pin = s->logits_pinned_by;
     size_t mapped;
-    void *mem = kvl_huge_alloc(head + rows * (size_t)n_vocab * sizeof(float), &mapped);
-    if (!mem) return KVL_ENOMEM;
-    out_free(s);
-    s->out_mem = mem, s->out_mapped = mapped;
-    s->top = mem;
-    s->logits = (float *)((char *)mem + head);
-    s->cap_logits = rows * (size_t)n_vocab;
+    float *l = kvl_huge_alloc(rows * (size_t)n_vocab * sizeof(float), &mapped);
+    if (!l) return KVL_ENOMEM;
+    logits_free(s);
+    s->logits = l, s->logits_mapped = mapped, s->cap_logits = rows * (size_t)n_vocab;
     if (pin) be = pin;
   }
-  const size_t width = s->cap_logits / rows;
-  if (!s->out_pinned_by &&
-      kvl_backend_host_register(be, s->out_mem, head + (size_t)s->cfg.max_seqs * width * sizeof(float)))
-    s->out_pinned_by = be;
+  const size_t head = (size_t)s->cfg.max_seqs * (s->cap_logits / rows) * sizeof(float);
+  if (!s->logits_pinned_by && kvl_backend_host_register(be, s->logits, head)) s->logits_pinned_by = be;
   return 0;
 }
 
@@ -202,8 +192,8 @@ void kvl_sched_free(kvl_sched_t *s) {
   }
   conv_free_all(s);
   for (int i = 0; i < s->n_models; i++) kvl_pool_free(s->models[i].pool);
-  free(s->tok); free(s->pos); free(s->seqi); free(s->want); free(s->tables); free(s->batch);
-  out_free(s);
+  free(s->tok); free(s->pos); free(s->seqi); free(s->want); free(s->tables); free(s->batch); free(s->top);
+  logits_free(s);
   free(s);
 }
 
@@ -222,7 +212,7 @@ int kvl_sched_add_model(kvl_sched_t *s, const struct kvl_sched_model *mc, int *m
   int rc = kvl_pool_new(&mc->pool, &m->pool);
   if (rc < 0) return kvl_errf(err, errlen, rc, "model '%s': cannot create its KV pool (%s)", mc->name, kvl_strerror(rc));
   kvl_pool_pin(m->pool, mc->backend); /* a device backend's block copies from pinned memory */
-  if (out_ensure(s, hp->n_vocab, mc->backend) < 0) {
+  if (logits_ensure(s, hp->n_vocab, mc->backend) < 0) {
     kvl_pool_free(m->pool);
     m->pool = NULL;
     return kvl_errf(err, errlen, KVL_ENOMEM, "model '%s': out of memory for its logits", mc->name);

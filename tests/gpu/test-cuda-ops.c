@@ -794,12 +794,7 @@ static void test_logits_top(void) {
  * write-back), its slots taken by another line, restored, and B's step over it gives the
  * logits of B's step over the first line, bit for bit: a copy of stale host bytes would not.
  * With KVL_CUDA_KV_CHECK off (its comparison waits for the write-backs itself). */
-static void tr_pos(int32_t *pos, int n) {
-  for (int i = 0; i < n; i++) pos[i] = i;
-}
-
 static void test_writeback(void) {
-  const bool sim = on_sim;
   struct tiny_opts oa = {.n_layer = 2, .seed = 41}, ob = {.n_layer = 3, .seed = 42};
   void *ba, *bb;
   kvl_model_t *A = tiny_model_load(&oa, &ba), *B = tiny_model_load(&ob, &bb);
@@ -820,7 +815,7 @@ static void test_writeback(void) {
   int32_t ids[64], pos[T];
   unsigned long long r = 13;
   for (int i = 0; i < 64; i++) ids[i] = (int32_t)(kvl_test_rand(&r) % (unsigned long long)ha->n_vocab);
-  tr_pos(pos, T);
+  for (int i = 0; i < T; i++) pos[i] = i;
   kvl_line_t *src = kvl_line_new(pa);
   pool_step(cu, A, src, ids, T, NULL);
   struct kvl_rope ra, rb;
@@ -836,10 +831,10 @@ static void test_writeback(void) {
   float *got = tr_rows(&lb, kvl_pool_base(pb), kvl_line_block_table(l1), pos, T - 1),
         *want = tr_rows(&lb, kvl_pool_base(pc), kvl_line_block_table(ref), pos, T - 1);
   const double before = nmse(early, want, nr), after = nmse(got, want, nr);
-  const bool ok = after <= 1e-4 && (!sim || before > 0.1);
+  const bool ok = after <= 1e-4 && (!on_sim || before > 0.1);
   printf("%s writeback  %-40s nmse against the CPU's %.1e after kvl_pool_host_sync (bound 1e-4), %.2f before%s\n",
          ok ? "ok  " : "FAIL", "39 positions, 2 whole blocks on stream 2", after, before,
-         sim ? " (still coming back)" : "");
+         on_sim ? " (still coming back)" : "");
   if (!ok) n_bad++;
   CHECK(ok);
   /* the offload path: the pool's own host copy waits for the write-back */
@@ -875,7 +870,7 @@ static void test_writeback(void) {
  * 20 at temperature 0.8, and a draw from the whole distribution at temperature 1: the
  * same tokens, log-probs and entropies within 1e-4 (the device sums them in another
  * order), the handoff after the same token, and fewer bytes out; the whole rows land in
- * the scheduler's pinned outputs (pageable: less than half a row per token, the prompt's
+ * the scheduler's pinned logits (pageable: less than half a row per token, the prompt's
  * step and the handoff's). The bar on the mean
  * entropy of a 3-token window is set between the two largest window means of a run that
  * never hands off, so that the handoff falls after a token in the middle. */
