@@ -184,8 +184,10 @@ static bool in_hreg(const void *h, size_t n) {
   return false;
 }
 
-static void to_dev(void *d, const void *h, size_t bytes) {
+/* True where h's bytes went into the ring: h may be freed or rewritten at once. */
+static bool to_dev(void *d, const void *h, size_t bytes) {
   const size_t len = (bytes + 63) / 64 * 64;
+  bool staged = false;
   if (in_hreg(h, bytes)) {
     /* pinned already: straight from there */
   } else if (S_.pin && len <= S_.pin_bytes / 4) {
@@ -193,12 +195,13 @@ static void to_dev(void *d, const void *h, size_t bytes) {
     char *p = S_.pin + S_.pin_used;
     S_.pin_used += len;
     memcpy(p, h, bytes);
-    h = p;
+    h = p, staged = true;
   } else {
     T_.bytes_pageable += bytes;
   }
   KVL_CK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, S_.st));
   T_.copies_in++, T_.bytes_in += bytes;
+  return staged;
 }
 
 static void to_host_on(void *h, const void *d, size_t bytes, cudaStream_t st) {
@@ -1217,10 +1220,8 @@ static struct tr_dev_maps *tr_maps_make(const struct kvl_tr_args *a, int64_t ws,
       tr_maps_free(d);
       return NULL;
     }
-    to_dev(d->w[i], h, cnt * sizeof(uint16_t));
-    if (m->bias)
-      to_dev(d->bias[i], m->bias, (size_t)wd * sizeof(float));
-    wait_stream(); /* h is freed next */
+    if (!to_dev(d->w[i], h, cnt * sizeof(uint16_t))) wait_stream(); /* h is freed next */
+    if (m->bias) to_dev(d->bias[i], m->bias, (size_t)wd * sizeof(float));
     free(h);
     *bytes += cnt * sizeof(uint16_t) + (m->bias ? (size_t)wd * sizeof(float) : 0);
   }
@@ -1374,7 +1375,7 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
       h[i] = src.phys[h[i]], h[3 * (size_t)n + i] = dst.phys[h[3 * (size_t)n + i]];
     memcpy(h + 5 * (size_t)n, a->dst_pos, (size_t)n * sizeof(int32_t));
     memcpy(h + 6 * (size_t)n, lay, 2 * (size_t)n_src * sizeof(int32_t));
-    to_dev(didx, h, (6 * (size_t)n + 2 * (size_t)n_src) * sizeof(int32_t));
+    const bool h_free = to_dev(didx, h, (6 * (size_t)n + 2 * (size_t)n_src) * sizeof(int32_t));
     to_dev(dfreq, a->src_rope->inv_freq, (size_t)hs * sizeof(float));
     to_dev(dfreq + hs, a->dst_rope->inv_freq, (size_t)hd * sizeof(float));
     if (pd) {
@@ -1385,7 +1386,7 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
       tr_copy_blocks(&src, (char *)a->src_base, dsrc, false, (size_t)gs.block_bytes, true, NULL, S_.st);
       tr_copy_blocks(&dst, (char *)a->dst_base, ddst, false, (size_t)gd.block_bytes, true, dst.full, S_.st);
     }
-    wait_stream(); /* h is freed next */
+    if (!h_free || !pd) wait_stream(); /* h is freed next; the staged blocks are read */
     free(h);
   }
   {
@@ -1419,8 +1420,10 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
       }
     }
     KVL_CK(cudaGetLastError());
-    /* the target to the host: the blocks filled whole on S_.wb where the arena is pinned
-     * (not waited for), the rest now */
+    /* the target to the host: on S_.wb where the arena is pinned, not waited for (every
+     * block marked; the kernels, queued on S_.st, not waited for either: the next op on the
+     * stream runs after them, and the device slices freed below go back to the arena in
+     * stream order); otherwise now */
     static int async = -1;
     if (async < 0) async = !getenv("KVL_CUDA_WB_ASYNC") || strcmp(getenv("KVL_CUDA_WB_ASYNC"), "0") != 0;
     const bool wb = async && pd && in_hreg(a->dst_base, (size_t)pd->n_blocks * pd->bb) &&
@@ -1430,18 +1433,16 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
         wb_fence();
         break;
       }
-    tr_copy_blocks(&dst, (char *)a->dst_base, vdst, pd != NULL, (size_t)gd.block_bytes, false, wb ? dst.full : NULL,
-                   S_.st);
     if (wb) {
-      std::vector<uint8_t> part((size_t)dst.n_local);
-      for (int j = 0; j < dst.n_local; j++) part[(size_t)j] = !dst.full[j];
       KVL_CK(cudaEventRecord(S_.wb_after, S_.st));
       KVL_CK(cudaStreamWaitEvent(S_.wb, S_.wb_after, 0));
-      tr_copy_blocks(&dst, (char *)a->dst_base, vdst, true, (size_t)gd.block_bytes, false, part.data(), S_.wb);
-      for (int j = 0; j < dst.n_local; j++)
-        if (dst.full[j]) pd->wb[dst.phys[j]] = 1, wb_any = true;
+      tr_copy_blocks(&dst, (char *)a->dst_base, vdst, true, (size_t)gd.block_bytes, false, NULL, S_.wb);
+      for (int j = 0; j < dst.n_local; j++) pd->wb[dst.phys[j]] = 1;
+      wb_any = true;
+    } else {
+      tr_copy_blocks(&dst, (char *)a->dst_base, vdst, pd != NULL, (size_t)gd.block_bytes, false, NULL, S_.st);
+      wait_stream();
     }
-    wait_stream();
     for (int j = 0; j < dst.n_local && pd; j++) pd->stamp[dst.phys[j]] = a->dst_stamps[dst.phys[j]]; /* current */
   }
 out:

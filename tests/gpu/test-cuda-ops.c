@@ -785,14 +785,19 @@ static void test_logits_top(void) {
 
 /* ---- a translation's target written back while the next step runs --------------------
  * A's prompt of 40 in a pinned pool, translated (positions 0..38) into a line of B's pinned
- * pool: blocks 0 and 1 filled whole come back on the backend's second stream, block 2 at
- * once. Under --sim a copy to the host lands only when its stream is waited for, so right
- * after the translation the whole blocks' host bytes are still the old ones (on a GPU they
- * may have landed: not checked there); after kvl_pool_host_sync they are the CPU's
- * translation of the same source within bf16's precision (the op's bound). Then a second
- * line translated the same way is offloaded at once (the pool's host copy waits for the
- * write-back), its slots taken by another line, restored, and B's step over it gives the
- * logits of B's step over the first line, bit for bit: a copy of stale host bytes would not.
+ * pool: blocks 0 and 1 (filled whole) and 2 (7 rows) come back on the backend's second
+ * stream. Under --sim a copy
+ * to the host lands only when its stream is waited for, so right after the translation the
+ * host bytes are still the old ones (on a GPU they may have landed: not checked there);
+ * after kvl_pool_host_sync they are the CPU's translation of the same source within
+ * bf16's precision (the op's bound). Then a second line translated the same way is
+ * offloaded at once (the pool's host copy waits for the write-back), its slots taken by
+ * another line, restored, and B's step over it gives the logits of B's step over the
+ * first line, bit for bit: a copy of stale host bytes would not. A third is translated
+ * without a wait for the stream (counted: kvl_backend_traffic; the maps are on the device
+ * by then) and stepped at once: the same logits and 40 host rows, bit for bit, as a fourth
+ * translated, waited for, then stepped (the step's row 39 goes into block 2 while block 2
+ * is still coming back).
  * With KVL_CUDA_KV_CHECK off (its comparison waits for the write-backs itself). */
 static void test_writeback(void) {
   struct tiny_opts oa = {.n_layer = 2, .seed = 41}, ob = {.n_layer = 3, .seed = 42};
@@ -833,7 +838,7 @@ static void test_writeback(void) {
   const double before = nmse(early, want, nr), after = nmse(got, want, nr);
   const bool ok = after <= 1e-4 && (!on_sim || before > 0.1);
   printf("%s writeback  %-40s nmse against the CPU's %.1e after kvl_pool_host_sync (bound 1e-4), %.2f before%s\n",
-         ok ? "ok  " : "FAIL", "39 positions, 2 whole blocks on stream 2", after, before,
+         ok ? "ok  " : "FAIL", "39 positions, 3 blocks on stream 2", after, before,
          on_sim ? " (still coming back)" : "");
   if (!ok) n_bad++;
   CHECK(ok);
@@ -853,9 +858,37 @@ static void test_writeback(void) {
          same ? "equal to the kept line's, bit for bit" : "differ from the kept line's");
   if (!same) n_bad++;
   CHECK(same);
+  /* translated and stepped at once: the step's row 39 is stored on the host into block 2
+   * while block 2 is still coming back (the store waits for it: otherwise the late copy
+   * takes the row back); against a line translated, waited for, then stepped. The step's
+   * token is not the one l2 stepped with: the device's old bytes of the slot (l2's) differ. */
+  kvl_line_free(l2);
+  float *rows[2];
+  unsigned long long waits = 0;
+  for (int i = 0; i < 2; i++) {
+    kvl_line_t *l = kvl_line_new(pb);
+    struct kvl_backend_traffic t0, t1;
+    kvl_backend_traffic(cu, &t0);
+    CHECK_EQ_INT(kvl_line_translate(l, src, t, cu, 1, 0, T - 1, &ra, &rb, err, sizeof(err)), 0);
+    kvl_backend_traffic(cu, &t1);
+    if (i == 0) waits = t1.waits - t0.waits;
+    else kvl_pool_host_sync(pb, kvl_backend_cpu());
+    pool_step(cu, B, l, ids + T, 1, lg[i]);
+    kvl_pool_host_sync(pb, kvl_backend_cpu());
+    rows[i] = tr_rows(&lb, kvl_pool_base(pb), kvl_line_block_table(l), pos, T);
+    kvl_line_free(l);
+  }
+  const size_t nr40 = nr / (size_t)(T - 1) * (size_t)T;
+  const bool same3 = !memcmp(lg[0], lg[1], (size_t)hb->n_vocab * 4) && !memcmp(rows[0], rows[1], nr40 * 4) &&
+                     waits == 0;
+  printf("%s writeback  %-40s %llu waits for the stream in the translation (0); B's logits and the host's 40 "
+         "rows %s\n", same3 ? "ok  " : "FAIL", "translated, stepped at once", waits,
+         same3 ? "equal to a waited-for line's, bit for bit" : "differ from a waited-for line's");
+  if (!same3) n_bad++;
+  CHECK(same3);
   setenv("KVL_CUDA_KV_CHECK", "1", 1);
-  free(early), free(got), free(want), free(lg[0]), free(lg[1]);
-  kvl_line_free(l1), kvl_line_free(l2), kvl_line_free(ref), kvl_line_free(src);
+  free(early), free(got), free(want), free(lg[0]), free(lg[1]), free(rows[0]), free(rows[1]);
+  kvl_line_free(l1), kvl_line_free(ref), kvl_line_free(src);
   kvl_pool_free(pa), kvl_pool_free(pb), kvl_pool_free(pc);
   kvl_translator_free(t);
   kvl_model_free(A), kvl_model_free(B);
