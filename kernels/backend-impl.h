@@ -34,6 +34,8 @@ struct kvl_backend_ops {
   void (*host_unregister)(kvl_backend_t *be, void *p);
   /* optional (NULL: no copies left running into registered memory) */
   void (*host_sync)(kvl_backend_t *be, const void *p, size_t bytes);
+  /* optional (NULL: every op has run when it returns) */
+  void (*sync)(kvl_backend_t *be);
 };
 
 /* A backend that keeps copies of pools asks to hear of kvl_kv_pool_gone (at most 4). */

@@ -130,6 +130,10 @@ void kvl_backend_host_sync(kvl_backend_t *be, const void *p, size_t bytes) {
   if (be && be->ops->host_sync) be->ops->host_sync(be, p, bytes);
 }
 
+void kvl_backend_sync(kvl_backend_t *be) {
+  if (be && be->ops->sync) be->ops->sync(be);
+}
+
 bool kvl_backend_can_translate(const kvl_backend_t *be) { return be && be->ops->translate; }
 
 int kvl_backend_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *err, size_t errlen) {

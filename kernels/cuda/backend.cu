@@ -888,6 +888,13 @@ static void wb_fence_rows(const void *base, const int32_t *const *tables, const 
     }
 }
 
+static void cu_sync(kvl_backend_t *be) {
+  (void)be;
+  pthread_mutex_lock(&S_.mu);
+  wait_stream();
+  pthread_mutex_unlock(&S_.mu);
+}
+
 static void cu_host_sync(kvl_backend_t *be, const void *p, size_t bytes) {
   (void)be;
   pthread_mutex_lock(&S_.mu);
@@ -1498,7 +1505,7 @@ static const struct kvl_backend_ops cuda_ops = {cu_supports, cu_matmul,    cu_rm
                                                 cu_embed,    cu_attention, cu_translate, cu_add,  cu_begin,
                                                 cu_fetch,    cu_end,       cu_traffic,   cu_kv_put,
                                                 cu_logits_top, cu_host_register, cu_host_unregister,
-                                                cu_host_sync};
+                                                cu_host_sync, cu_sync};
 
 static kvl_backend_t be_cuda;
 static pthread_once_t once = PTHREAD_ONCE_INIT;

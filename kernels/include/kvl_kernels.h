@@ -284,6 +284,11 @@ void kvl_backend_host_unregister(kvl_backend_t *be, void *p);
  * host bytes in [p, p + bytes) (p NULL: all registered memory) kvl_backend_host_sync
  * waits for those copies (the pool calls it for its own host copies: kvl_kvpool.h). */
 void kvl_backend_host_sync(kvl_backend_t *be, const void *p, size_t bytes);
+/* An op may also return with its device work still queued (the CUDA backend's
+ * translation into a kept pool: the next op runs after it in the device's order).
+ * kvl_backend_sync returns when everything queued on the backend's device has run (not
+ * the copies kvl_backend_host_sync waits for); on the CPU at once. For timings. */
+void kvl_backend_sync(kvl_backend_t *be);
 bool kvl_backend_traffic(const kvl_backend_t *be, struct kvl_backend_traffic *t);
 
 /* A row of logits summarised for sampling, so that a decode step's logits can stay on a
