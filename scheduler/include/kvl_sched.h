@@ -99,7 +99,9 @@ struct kvl_usage {
                                  no translator for the pair */
   int32_t declined;           /* ... prefilled instead because the request said so (no_translate) */
   int32_t handoffs;           /* times it moved to another model */
-  double translate_ms;        /* wall time spent translating into its lines */
+  double translate_ms;        /* wall time spent translating into its lines (on a device backend the
+                                 calls': the device may still run the work after they return,
+                                 and its time then falls in the next step's) */
 };
 
 struct kvl_token_event {
