@@ -375,11 +375,14 @@ int kvld_translator_add(struct kvld *d, const char *path, char *err, size_t errl
     }
   d->n_translators++;
   xlat_sync(d, t->src, t->dst, t->t, NULL);
+  /* translations run on the target's backend: a device one (cuda) multiplies in bf16 */
+  const bool on_device = kvl_backend_can_translate(d->models[t->dst].be);
   kvld_log(KVLD_INFO, "translator_loaded",
            "\"file\":\"%s\",\"source\":\"%s\",\"target\":\"%s\",\"precision\":\"%s\",\"probe_ms_fp32\":%.3f,"
-           "\"probe_ms_bf16\":%.3f",
-           t->path, d->models[t->src].name, d->models[t->dst].name, kvl_translator_is_bf16(t->t) ? "bf16" : "fp32", ms_fp32,
-           ms_bf16);
+           "\"probe_ms_bf16\":%.3f,\"backend\":\"%s\"",
+           t->path, d->models[t->src].name, d->models[t->dst].name,
+           on_device || kvl_translator_is_bf16(t->t) ? "bf16" : "fp32", ms_fp32, ms_bf16,
+           on_device ? "cuda" : "cpu");
   return d->n_translators - 1;
 }
 

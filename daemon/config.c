@@ -192,7 +192,8 @@ static void walk_model_key(struct walk *w, const char *k, yaml_node_t *vn, const
   }
   if (!strcmp(k, "backend")) {
     get_str(w, vn, path, m->backend, sizeof(m->backend));
-    if (!w->rc && strcmp(m->backend, "cpu") && strcmp(m->backend, "cuda")) bad(w, path, "expected cpu or cuda");
+    if (!w->rc && strcmp(m->backend, "cpu") && strcmp(m->backend, "cuda") && strcmp(m->backend, "cuda-sim"))
+      bad(w, path, "expected cpu, cuda or cuda-sim");
     return;
   }
   bad(w, path, "unknown key (name, path, kv_dtype, hot_mib, cold_mib, disk_mib, max_model_len, backend)");

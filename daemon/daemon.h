@@ -39,7 +39,7 @@ struct kvld_model_cfg {
   int64_t cold_bytes;
   int64_t disk_bytes;  /* spill-file tier behind the cold one (0 = none) */
   int32_t max_model_len;
-  char backend[8];     /* "cpu" | "cuda": where its forward passes (and translations into it) run */
+  char backend[16];    /* "cpu" | "cuda" | "cuda-sim": where its forward passes (and translations into it) run */
 };
 
 struct kvld_config {

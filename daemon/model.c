@@ -10,6 +10,7 @@
 #include "daemon.h"
 #include "kvl_error.h"
 #include "kvl_sched.h"
+#include "sim-ops.h" /* kvl_backend_cuda_sim */
 
 double kvld_now(void) {
   struct timespec ts;
@@ -18,10 +19,11 @@ double kvld_now(void) {
 }
 
 int kvld_model_open(struct kvld_model *m, const struct kvld_model_cfg *mc, char *err, size_t errlen) {
-  if (!strcmp(mc->backend, "cuda")) { /* before the weights are read: a machine without a GPU says so at once */
+  if (!strncmp(mc->backend, "cuda", 4)) { /* before the weights are read: a machine without a GPU says so at once */
     char why[256];
-    if (!(m->be = kvl_backend_cuda(why, sizeof(why))))
-      return kvl_errf(err, errlen, KVL_ENOTSUP, "model '%s': backend cuda: %s", mc->name, why);
+    const bool sim = !strcmp(mc->backend, "cuda-sim");
+    if (!(m->be = sim ? kvl_backend_cuda_sim(why, sizeof(why)) : kvl_backend_cuda(why, sizeof(why))))
+      return kvl_errf(err, errlen, KVL_ENOTSUP, "model '%s': backend %s: %s", mc->name, mc->backend, why);
   } else {
     m->be = kvl_backend_cpu();
   }

@@ -1,6 +1,6 @@
-/* sim-ops.h — the CUDA backend compiled for the CPU (sim.h), for the unit tests: the whole
- * backend, and its attention alone with the plan forced. Built on every machine (no CUDA
- * toolkit needed). */
+/* sim-ops.h — the CUDA backend compiled for the CPU (sim.h), for tests: the whole backend
+ * (the tests, the benchmarks' --backend cuda-sim, kvlingod's `backend: cuda-sim`), and its
+ * attention alone with the plan forced. Built on every machine (no CUDA toolkit needed). */
 #ifndef KVL_CU_SIM_OPS_H
 #define KVL_CU_SIM_OPS_H
 
@@ -14,8 +14,8 @@
 extern "C" {
 #endif
 
-/* The whole CUDA backend on the CPU (sim-backend.cc), for tests/gpu/test-cuda-ops --sim:
- * kvl_backend_cuda's contract, device "kvl_sim". */
+/* The whole CUDA backend on the CPU (sim-backend.cc): kvl_backend_cuda's contract, device
+ * "kvl_sim"; its results are the CUDA backend's, its times mean nothing. */
 kvl_backend_t *kvl_backend_cuda_sim(char *why, size_t whylen);
 
 /* The attention op as backend.cu runs it (staging, plan for n_sm multiprocessors, the

@@ -537,7 +537,7 @@ orig = open(cfg.name + ".orig").read()
 with open(cfg.name, "w") as f:
     f.write(orig.replace("  - name: large\n", "  - name: large\n    backend: tpu\n"))
 r = subprocess.run([kvlingod, "--config", cfg.name], capture_output=True, text=True, timeout=60)
-check(r.returncode != 0 and "models[1].backend: expected cpu or cuda" in r.stderr,
+check(r.returncode != 0 and "models[1].backend: expected cpu, cuda or cuda-sim" in r.stderr,
       f"backend: an unknown backend refused by its key's path: {r.stderr.strip()[-200:]!r}")
 with open(cfg.name, "w") as f:
     f.write(orig.replace("  - name: large\n", "  - name: large\n    backend: cuda\n"))

@@ -64,6 +64,8 @@ check = Checks()
 
 daemons = []
 grpc_port = {}  # stub id -> its daemon's gRPC port
+# KVL_TEST_BACKEND=cuda-sim: every model on that backend (the CUDA backend compiled for the CPU)
+be = f", backend: {os.environ['KVL_TEST_BACKEND']}" if os.environ.get("KVL_TEST_BACKEND") else ""
 
 
 def start(models, translators, extra="", env=None, replica="r1"):
@@ -75,7 +77,8 @@ def start(models, translators, extra="", env=None, replica="r1"):
     with open(cfg, "w") as f:
         f.write(f"listen: 127.0.0.1\ngrpc_port: 0\nhttp_port: 0\nreplica_id: {replica}\nlog_level: info\n")
         f.write(f"spill_dir: {tmp}\nmax_prompt_tokens: 4096\n")
-        f.write("models:\n" + "".join(f"  - {{name: {n}, path: {p}, hot_mib: 256, kv_dtype: f32}}\n" for n, p in models))
+        f.write("models:\n" + "".join(f"  - {{name: {n}, path: {p}, hot_mib: 256, kv_dtype: f32{be}}}\n"
+                                      for n, p in models))
         f.write("translators:\n" + "".join(f"  - {t}\n" for t in translators))
         f.write(extra)
     log = open(cfg + ".log", "w")
@@ -90,6 +93,10 @@ def start(models, translators, extra="", env=None, replica="r1"):
     daemons.append(d)
     stub = rpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{g}"))
     grpc_port[id(stub)] = g
+    if be and len(daemons) == 1:
+        si = stub.ServerInfo(pb.ServerInfoRequest())
+        check("kvl_sim" in si.backend and "cpu" not in si.backend,
+              f"KVL_TEST_BACKEND={os.environ['KVL_TEST_BACKEND']}: every model on it ({si.backend!r})")
     return stub, int(h)
 
 
@@ -181,7 +188,12 @@ else:
     # longer reproduce the source's cache bit for bit (the token-for-token check below)
     inf, hport = start(pair, [AA, AA], "translation_precision: fp32\n")  # one file, both directions
 inf_tok = inf
-if mode == "real":  # the default precision, auto: whichever of fp32 and bf16 its probe timed faster
+if be:  # translations into a CUDA model run there, in bf16, whatever translation_precision says
+    loaded = [json.loads(ln) for ln in open(os.path.join(tmp, "d0.yaml.log")) if '"translator_loaded"' in ln]
+    check(len(loaded) == 2 and all(e["precision"] == "bf16" and e["backend"] == "cuda" for e in loaded),
+          f"translator_loaded on {os.environ['KVL_TEST_BACKEND']}: bf16 on cuda "
+          f"({[(e['precision'], e['backend']) for e in loaded]})")
+elif mode == "real":  # the default precision, auto: whichever of fp32 and bf16 its probe timed faster
     flags = open("/proc/cpuinfo").read().split()
     has_bf16 = "avx512_bf16" in flags or "amx_bf16" in flags
     loaded = [json.loads(ln) for ln in open(os.path.join(tmp, "d0.yaml.log")) if '"translator_loaded"' in ln]
