@@ -831,6 +831,15 @@ void kvl_cpu_flush_denormals(void) {
   __builtin_ia32_ldmxcsr(__builtin_ia32_stmxcsr() | FTZ | DAZ);
 }
 
+kvl_backend_t *kvl_backend_cpu_auto(void) {
+  static const char *const order[] = {"amx", "avx512vnnimm", "avx512vnni", "avx512", "avx2int8mm", "avx2"};
+  for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+    kvl_backend_t *be = kvl_backend_cpu_level(order[i]);
+    if (be) return be;
+  }
+  return &be_scalar;
+}
+
 kvl_backend_t *kvl_backend_cpu(void) {
   static kvl_backend_t *chosen;
   if (chosen) return chosen;
@@ -840,13 +849,7 @@ kvl_backend_t *kvl_backend_cpu(void) {
     be = kvl_backend_cpu_level(force);
     if (!be) fprintf(stderr, "kvlingo: KVL_CPU=%s is not available on this processor; choosing automatically\n", force);
   }
-  if (!be) be = kvl_backend_cpu_level("amx");
-  if (!be) be = kvl_backend_cpu_level("avx512vnnimm");
-  if (!be) be = kvl_backend_cpu_level("avx512vnni");
-  if (!be) be = kvl_backend_cpu_level("avx512");
-  if (!be) be = kvl_backend_cpu_level("avx2int8mm");
-  if (!be) be = kvl_backend_cpu_level("avx2");
-  if (!be) be = &be_scalar;
+  if (!be) be = kvl_backend_cpu_auto();
   chosen = be;
   return be;
 }

@@ -191,6 +191,9 @@ void kvl_cpu_flush_denormals(void);
  * "avx512vnni", "avx512vnnimm", "amx", "avx512bf16"), or NULL if this processor cannot run
  * it. For tests and benchmarks. */
 kvl_backend_t *kvl_backend_cpu_level(const char *level);
+/* The level kvl_backend_cpu picks when KVL_CPU does not say: the first this processor runs
+ * of amx, avx512vnnimm, avx512vnni, avx512, avx2int8mm, avx2, scalar. */
+kvl_backend_t *kvl_backend_cpu_auto(void);
 /* The CUDA backend (kernels/cuda/: cuBLASLt bf16 GEMMs on weights dequantised at first
  * use, own kernels for the other ops) on device KVL_CUDA_DEVICE (default 0), with a device
  * arena of KVL_CUDA_MEM_MIB (default 80% of the free memory); or NULL with the reason in

@@ -58,7 +58,10 @@ static double rel_err(const float *a, const float *ref, size_t n) {
 int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: test-golden MODEL.gguf GOLDEN [--kv f32|bf16] [--chunk N] [--lp-bound X] [--prompts N]\n"
-                    "                   [--argmax-tol F] [--kv-bound X] [--decode N] [--ppl-bound F]\n");
+                    "                   [--argmax-tol F] [--kv-bound X] [--decode N] [--ppl-bound F]\n"
+                    "                   [--skip-if-default]\n"
+                    "--skip-if-default: with KVL_CPU naming the level this processor picks anyway, skip (exit\n"
+                    "77): the test without KVL_CPU and the same arguments runs it.\n");
     return 2;
   }
   enum kvl_kv_dtype dt = KVL_KV_F32;
@@ -69,7 +72,14 @@ int main(int argc, char **argv) {
   double ppl_bound = 0.01;
   int decode_last = 0;   /* the last N positions of each prompt run one token per forward (decode path) */
   double argmax_tol = 0; /* fraction of confident positions allowed to differ (bf16 KV) */
-  for (int i = 3; i + 1 < argc; i += 2) {
+  bool skip_if_default = false;
+  for (int i = 3; i < argc; i += 2) {
+    if (!strcmp(argv[i], "--skip-if-default")) {
+      skip_if_default = true;
+      i--;
+      continue;
+    }
+    if (i + 1 >= argc) break;
     if (!strcmp(argv[i], "--kv")) dt = !strcmp(argv[i + 1], "bf16") ? KVL_KV_BF16 : KVL_KV_F32;
     else if (!strcmp(argv[i], "--chunk")) chunk = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--lp-bound")) lp_bound = atof(argv[i + 1]);
@@ -88,6 +98,10 @@ int main(int argc, char **argv) {
   const char *force = getenv("KVL_CPU");
   if (force && *force && !kvl_backend_cpu_level(force)) {
     printf("skip: KVL_CPU=%s is not available on this processor\n", force);
+    return 77;
+  }
+  if (skip_if_default && force && *force && kvl_backend_cpu_level(force) == kvl_backend_cpu_auto()) {
+    printf("skip: KVL_CPU=%s is this processor's default level: the test without KVL_CPU runs it\n", force);
     return 77;
   }
   char err[512];
