@@ -842,16 +842,18 @@ static uint64_t dp_clock;
 
 /* ---- a translation's target written back on a second stream ---------------------------
  * A translation into a kept pool whose hot arena is pinned writes its target's blocks in
- * the device copy; the blocks the span fills whole go back to the host on S_.wb, after an
- * event on S_.st, and the translation returns without waiting for them: the incoming
+ * the device copy; they go back to the host on S_.wb, after an event on S_.st, and the
+ * translation returns without waiting for them (nor for its kernels): the incoming
  * model's first step runs while they copy (32k positions of the 1.5B are 0.9 GB: tens of
  * ms over PCIe, more than the translation and the step together). Those blocks are marked
  * in their copy's `wb` until wb_fence waits for the stream; it runs before anything else
  * touches their host bytes or their device copy's memory: rows a step stores into them
- * (kv_pend_flush), an upload of them, the KV check, another write-back of them, a dropped
- * copy, an unregistration, and the pool's own host copies and other backends' readers
- * (kvl_backend_host_sync, which kvl_kvpool.h calls). Blocks the span fills in part come
- * back at once on S_.st, as before: the next step writes rows into them.
+ * (kv_pend_flush, the per-layer store in cu_kv_put: the last block is often filled in
+ * part, and the next step writes there), an upload of them, the KV check, another
+ * write-back of them, a dropped copy, an unregistration, and the pool's own host copies
+ * and other backends' readers (kvl_backend_host_sync, which kvl_kvpool.h calls). A step's
+ * device writes into a block still being copied are harmless: the host's rows are stored
+ * after the fence, so the host ends with the step's bytes either way.
  * KVL_CUDA_WB_ASYNC=0: every block at once (A/B runs). Under S_.mu. */
 static bool wb_any; /* some copy's wb has a mark */
 
