@@ -22,9 +22,9 @@
  * also are ("cuda-bf16-kept-pinned": the call returns with the translation queued and
  * the target coming back on a second stream; "call_ms" until it returns, "landed_ms"
  * until the target is on the host, kvl_backend_host_sync). Every value is the time until
- * the translation has run on the device (kvl_backend_sync). --shapes: no model files: the pair's
- * fingerprints, KV layouts and RoPEs from their known shapes (for a machine without the
- * models, e.g. a lent GPU; random maps then).
+ * the translation has run on the device (kvl_backend_sync). --shapes: no model files:
+ * the pair's fingerprints, KV layouts and RoPEs from their known shapes (for a machine
+ * without the models, e.g. a lent GPU; random maps then).
  */
 #include <getopt.h>
 #include <math.h>

@@ -786,11 +786,10 @@ static void test_logits_top(void) {
 /* ---- a translation's target written back while the next step runs --------------------
  * A's prompt of 40 in a pinned pool, translated (positions 0..38) into a line of B's pinned
  * pool: blocks 0 and 1 (filled whole) and 2 (7 rows) come back on the backend's second
- * stream. Under --sim a copy
- * to the host lands only when its stream is waited for, so right after the translation the
- * host bytes are still the old ones (on a GPU they may have landed: not checked there);
- * after kvl_pool_host_sync they are the CPU's translation of the same source within
- * bf16's precision (the op's bound). Then a second line translated the same way is
+ * stream. Under --sim a copy to the host lands only when its stream is waited for, so
+ * right after the translation the host bytes are still the old ones (on a GPU they may
+ * have landed: not checked there); after kvl_pool_host_sync they are the CPU's
+ * translation of the same source within bf16's precision (the op's bound). Then a second line translated the same way is
  * offloaded at once (the pool's host copy waits for the write-back), its slots taken by
  * another line, restored, and B's step over it gives the logits of B's step over the
  * first line, bit for bit: a copy of stale host bytes would not. A third is translated
