@@ -137,6 +137,7 @@ struct cuda_state {
   cudaStream_t st;
   cudaStream_t wb;      /* a translation's target written back to the host (wb_fence) */
   cudaEvent_t wb_after; /* recorded on st, waited for by wb */
+  cudaEvent_t wb_part;  /* recorded on wb after a translation's partly filled blocks (WB_PART) */
   cublasLtHandle_t lt;
   void *workspace; /* cuBLASLt's */
   size_t ws_bytes;
@@ -854,7 +855,11 @@ static uint64_t dp_clock;
  * and other backends' readers (kvl_backend_host_sync, which kvl_kvpool.h calls). A step's
  * device writes into a block still being copied are harmless: the host's rows are stored
  * after the fence, so the host ends with the step's bytes either way.
+ * The partly filled blocks go first, followed by the event S_.wb_part, and are marked
+ * WB_PART: the next step's rows (which go there) wait for that event only, not for the
+ * whole target; every partial copy queued before the latest event has landed with it.
  * KVL_CUDA_WB_ASYNC=0: every block at once (A/B runs). Under S_.mu. */
+enum { WB_WHOLE = 1, WB_PART = 2 }; /* devpool.wb marks */
 static bool wb_any; /* some copy's wb has a mark */
 
 static void wb_fence(void) {
@@ -883,11 +888,22 @@ static void wb_fence_rows(const void *base, const int32_t *const *tables, const 
                           int n) {
   if (!wb_any) return;
   const struct devpool *d = devpool_at(base, 1);
-  for (int t = 0; d && d->wb && t < n; t++)
-    if (wb_marked(d, tables[seq[t]][pos[t] / KVL_KV_BLOCK])) {
+  bool part = false;
+  for (int t = 0; d && d->wb && t < n; t++) {
+    const int32_t b = tables[seq[t]][pos[t] / KVL_KV_BLOCK];
+    if (wb_marked(d, b) && d->wb[b] == WB_WHOLE) {
       wb_fence();
       return;
     }
+    part |= wb_marked(d, b);
+  }
+  if (part) { /* the partly filled blocks only */
+    KVL_CK(cudaEventSynchronize(S_.wb_part));
+    T_.waits++;
+    for (int i = 0; i < N_DEVPOOL; i++)
+      for (int32_t b = 0; DP_[i].wb && b < DP_[i].n_blocks; b++)
+        if (DP_[i].wb[b] == WB_PART) DP_[i].wb[b] = 0;
+  }
 }
 
 static void cu_sync(kvl_backend_t *be) {
@@ -1445,8 +1461,12 @@ static int cu_translate(kvl_backend_t *be, const struct kvl_tr_args *a, char *er
     if (wb) {
       KVL_CK(cudaEventRecord(S_.wb_after, S_.st));
       KVL_CK(cudaStreamWaitEvent(S_.wb, S_.wb_after, 0));
-      tr_copy_blocks(&dst, (char *)a->dst_base, vdst, true, (size_t)gd.block_bytes, false, NULL, S_.wb);
-      for (int j = 0; j < dst.n_local; j++) pd->wb[dst.phys[j]] = 1;
+      std::vector<uint8_t> part((size_t)dst.n_local);
+      for (int j = 0; j < dst.n_local; j++) part[(size_t)j] = !dst.full[j];
+      tr_copy_blocks(&dst, (char *)a->dst_base, vdst, true, (size_t)gd.block_bytes, false, dst.full, S_.wb);
+      KVL_CK(cudaEventRecord(S_.wb_part, S_.wb));
+      tr_copy_blocks(&dst, (char *)a->dst_base, vdst, true, (size_t)gd.block_bytes, false, part.data(), S_.wb);
+      for (int j = 0; j < dst.n_local; j++) pd->wb[dst.phys[j]] = dst.full[j] ? WB_WHOLE : WB_PART;
       wb_any = true;
     } else {
       tr_copy_blocks(&dst, (char *)a->dst_base, vdst, pd != NULL, (size_t)gd.block_bytes, false, NULL, S_.st);
@@ -1559,6 +1579,7 @@ static void init(void) {
   KVL_CK(cudaStreamCreateWithFlags(&S_.st, cudaStreamNonBlocking));
   KVL_CK(cudaStreamCreateWithFlags(&S_.wb, cudaStreamNonBlocking));
   KVL_CK(cudaEventCreateWithFlags(&S_.wb_after, cudaEventDisableTiming));
+  KVL_CK(cudaEventCreateWithFlags(&S_.wb_part, cudaEventDisableTiming));
   KVL_CKB(cublasLtCreate(&S_.lt));
   S_.ws_bytes = (size_t)32 << 20;
   S_.workspace = dalloc(S_.ws_bytes);

@@ -796,7 +796,8 @@ static void test_logits_top(void) {
  * without a wait for the stream (counted: kvl_backend_traffic; the maps are on the device
  * by then) and stepped at once: the same logits and 40 host rows, bit for bit, as a fourth
  * translated, waited for, then stepped (the step's row 39 goes into block 2 while block 2
- * is still coming back).
+ * is still coming back); under --sim blocks 0 and 1 are still old on the host right after
+ * that step: it waited for the partly filled block alone, not the whole target.
  * With KVL_CUDA_KV_CHECK off (its comparison waits for the write-backs itself). */
 static void test_writeback(void) {
   struct tiny_opts oa = {.n_layer = 2, .seed = 41}, ob = {.n_layer = 3, .seed = 42};
@@ -859,10 +860,13 @@ static void test_writeback(void) {
   CHECK(same);
   /* translated and stepped at once: the step's row 39 is stored on the host into block 2
    * while block 2 is still coming back (the store waits for it: otherwise the late copy
-   * takes the row back); against a line translated, waited for, then stepped. The step's
-   * token is not the one l2 stepped with: the device's old bytes of the slot (l2's) differ. */
+   * takes the row back); against a line translated, waited for, then stepped. The slots'
+   * old bytes, host and device, are another line's (junk), so a late or missing copy shows. */
   kvl_line_free(l2);
-  float *rows[2];
+  kvl_line_t *junk = kvl_line_new(pb); /* the 4 free slots' host bytes: B's own rows, not a translation */
+  pool_step(cu, B, junk, ids, 64, NULL);
+  kvl_line_free(junk);
+  float *rows[2], *whole_early = NULL;
   unsigned long long waits = 0;
   for (int i = 0; i < 2; i++) {
     kvl_line_t *l = kvl_line_new(pb);
@@ -873,20 +877,24 @@ static void test_writeback(void) {
     if (i == 0) waits = t1.waits - t0.waits;
     else kvl_pool_host_sync(pb, kvl_backend_cpu());
     pool_step(cu, B, l, ids + T, 1, lg[i]);
+    if (i == 0) whole_early = tr_rows(&lb, kvl_pool_base(pb), kvl_line_block_table(l), pos, 32); /* a peek */
     kvl_pool_host_sync(pb, kvl_backend_cpu());
     rows[i] = tr_rows(&lb, kvl_pool_base(pb), kvl_line_block_table(l), pos, T);
     kvl_line_free(l);
   }
   const size_t nr40 = nr / (size_t)(T - 1) * (size_t)T;
+  /* the step waited for block 2 only: blocks 0 and 1 still coming back after it (sim) */
+  const double whole_before = nmse(whole_early, rows[1], nr / (size_t)(T - 1) * 32);
   const bool same3 = !memcmp(lg[0], lg[1], (size_t)hb->n_vocab * 4) && !memcmp(rows[0], rows[1], nr40 * 4) &&
-                     waits == 0;
+                     waits == 0 && (!on_sim || whole_before > 0.1);
   printf("%s writeback  %-40s %llu waits for the stream in the translation (0); B's logits and the host's 40 "
-         "rows %s\n", same3 ? "ok  " : "FAIL", "translated, stepped at once", waits,
-         same3 ? "equal to a waited-for line's, bit for bit" : "differ from a waited-for line's");
+         "rows %s; blocks 0-1 after the step nmse %.2f%s\n", same3 ? "ok  " : "FAIL", "translated, stepped at once",
+         waits, same3 ? "equal to a waited-for line's, bit for bit" : "differ from a waited-for line's", whole_before,
+         on_sim ? " (still coming back: the step waited for block 2 only)" : "");
   if (!same3) n_bad++;
   CHECK(same3);
   setenv("KVL_CUDA_KV_CHECK", "1", 1);
-  free(early), free(got), free(want), free(lg[0]), free(lg[1]), free(rows[0]), free(rows[1]);
+  free(early), free(got), free(want), free(lg[0]), free(lg[1]), free(rows[0]), free(rows[1]), free(whole_early);
   kvl_line_free(l1), kvl_line_free(ref), kvl_line_free(src);
   kvl_pool_free(pa), kvl_pool_free(pb), kvl_pool_free(pc);
   kvl_translator_free(t);
